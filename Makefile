@@ -1,0 +1,78 @@
+# Why Self-Attention: `make book` builds and checks the book, `make test` runs the tests.
+# Both create .venv from requirements.txt on first use (and again when the pins change).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.pins
+
+# Offline and reproducible: no hub downloads, fixed hashing, plots without a screen.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PYTHONHASHSEED := 0
+export MPLBACKEND := Agg
+export TOKENIZERS_PARALLELISM := false
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: book test env sync check-sync execute check-numbers numbers ledger html tables clean lab serve
+
+## book: install if needed, check the pairs, execute every notebook, render the site, check every number
+book: env
+	$(BIN)/python scripts/book.py build
+
+## test: install if needed, run the test suite
+test: env
+	$(BIN)/python -m pytest
+
+## env: create .venv with the pinned packages and the book's helpers (only when missing or pins changed)
+env: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@if [ -d $(VENV) ] && ! cmp -s requirements.txt $(STAMP); then \
+		echo "requirements.txt changed: recreating $(VENV)"; rm -rf $(VENV); fi
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	cp requirements.txt $(STAMP)
+
+## sync: re-pair every notebooks/*.md with its .ipynb (after an edit in either), outputs stripped
+sync: env
+	$(BIN)/python scripts/book.py sync
+
+check-sync: env
+	$(BIN)/python scripts/book.py check-sync
+
+execute: env
+	$(BIN)/python scripts/book.py execute
+
+## check-numbers: compare the last build's glued numbers with numbers.toml
+check-numbers: env
+	$(BIN)/python scripts/book.py check-numbers
+
+## numbers: accept the last build's glued numbers into numbers.toml and print the diff
+numbers: env
+	$(BIN)/python scripts/book.py numbers
+
+ledger: env
+	$(BIN)/python scripts/book.py ledger
+
+html: env
+	$(BIN)/python scripts/book.py html
+
+## tables: print every table of the book as plain text
+tables: env
+	$(BIN)/python scripts/tx_part4.py
+
+## lab: open the notebooks in JupyterLab
+lab: env
+	$(BIN)/jupyter lab notebooks/
+
+## serve: serve the built site on http://localhost:8000
+serve:
+	$(PYTHON) -m http.server 8000 --directory _build/html
+
+## clean: remove the build (keeps .venv)
+clean:
+	rm -rf _build book/ledger.md

@@ -1,0 +1,594 @@
+"""The book's build tool: pairs, execution, the number check, the ledger, the HTML site.
+
+    python scripts/book.py build          everything `make book` does, in order
+    python scripts/book.py check-sync     every notebooks/*.md has an in-sync .ipynb without outputs
+    python scripts/book.py sync           rewrite the .ipynb (and the Colab cell) from the .md
+    python scripts/book.py execute        execute every notebook, in parallel, into a fresh cache
+    python scripts/book.py check-numbers  compare the glued numbers with numbers.toml
+    python scripts/book.py numbers        accept the glued numbers into numbers.toml, show the diff
+    python scripts/book.py ledger         write book/ledger.md from numbers.toml and the build
+    python scripts/book.py html           render the site from the cache, warnings as errors
+
+Every failure exits non-zero with a message that names the notebook, the cell or the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import difflib
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+NUMBERS = ROOT / "numbers.toml"
+LEDGER = ROOT / "book" / "ledger.md"
+BUILD = ROOT / "_build"
+CACHE = BUILD / ".jupyter_cache"
+TIMES = BUILD / "execution_times.json"
+READER = {"name": "myst_nb_md", "type": "plugin"}   # the reader myst-nb itself uses for .md
+GLUE_PREFIX = "application/papermill.record/"
+KINDS = ("exact", "close", "seeded", "measured")
+DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}        # relative tolerance when numbers.toml gives none
+TIMEOUT = 300                                        # seconds a cell may run before the build fails
+
+#: The first cell of every notebook, hidden in the book. The repository is named in _config.yml.
+COLAB_CELL = """\
+# Colab only: install the book's helpers and libraries. Elsewhere this cell does nothing.
+import sys
+if "google.colab" in sys.modules:
+    import subprocess
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "why-self-attention @ git+{repository}"], check=True)"""
+
+
+class BuildError(Exception):
+    """A failure of the build, with a message for the maintainer."""
+
+
+def fail(message: str) -> None:
+    """Stop the build with a message."""
+    raise BuildError(message)
+
+
+# ── pairs ─────────────────────────────────────────────────────────────────────────────────
+
+
+def rel(path: Path) -> str:
+    """A path as the messages show it: relative to the repository where it can be."""
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def notebook_sources() -> list[Path]:
+    """The MyST-markdown notebooks, in the order of their names."""
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.md"))
+
+
+def repository_url() -> str:
+    """The repository named in _config.yml: the one place the Colab cell and buttons read it."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return config["repository"]["url"]
+
+
+def colab_cell() -> str:
+    """The Colab cell, with the repository filled in."""
+    return COLAB_CELL.format(repository=repository_url())
+
+
+def read_md(path: Path):
+    """Read a MyST-markdown notebook with jupytext."""
+    import jupytext
+
+    return jupytext.read(path, fmt="md:myst")
+
+
+def ipynb_text(md_path: Path) -> str:
+    """The .ipynb that pairs with a .md: same cells, no outputs, as jupytext writes it."""
+    import jupytext
+
+    notebook = read_md(md_path)
+    seen: dict[str, int] = {}
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+        digest = hashlib.sha1(cell.source.encode("utf-8")).hexdigest()[:8]
+        seen[digest] = seen.get(digest, 0) + 1
+        cell.id = f"{digest}-{seen[digest]}"        # stable ids: no churn in git on re-sync
+    return jupytext.writes(notebook, fmt="ipynb")
+
+
+def first_code_cell(notebook):
+    """The first code cell of a notebook, or None."""
+    return next((c for c in notebook.cells if c.cell_type == "code"), None)
+
+
+def check_sync() -> None:
+    """Every .md has an .ipynb with the same cells and no outputs, and starts with the Colab cell."""
+    import nbformat
+
+    problems = []
+    sources = notebook_sources()
+    if not sources:
+        problems.append("notebooks/: no notebook NN_name.md found")
+    for md in sources:
+        name = rel(md)
+        cell = first_code_cell(read_md(md))
+        if cell is None or cell.source.strip() != colab_cell().strip():
+            problems.append(f"{name}: the first code cell is not the Colab cell (run `make sync`)")
+        elif "remove-cell" not in cell.metadata.get("tags", []):
+            problems.append(f"{name}: the Colab cell is not tagged remove-cell (run `make sync`)")
+        ipynb = md.with_suffix(".ipynb")
+        if not ipynb.exists():
+            problems.append(f"{rel(ipynb)}: missing (run `make sync`)")
+            continue
+        committed = nbformat.reads(ipynb.read_text(encoding="utf-8"), as_version=4)
+        for index, cell in enumerate(committed.cells):
+            if cell.cell_type == "code" and (cell.outputs or cell.execution_count):
+                problems.append(f"{rel(ipynb)}: cell {index} carries outputs (run `make sync`)")
+        expected = nbformat.reads(ipynb_text(md), as_version=4)
+        pairs = list(zip(committed.cells, expected.cells))
+        if len(committed.cells) != len(expected.cells):
+            problems.append(f"{rel(ipynb)}: {len(committed.cells)} cells, its .md has "
+                            f"{len(expected.cells)} (run `make sync`)")
+        for index, (have, want) in enumerate(pairs):
+            if (have.cell_type, have.source) != (want.cell_type, want.source):
+                problems.append(f"{rel(ipynb)}: cell {index} differs from its .md "
+                                f"(run `make sync`)")
+                break
+    if problems:
+        fail("notebook pairs out of sync:\n  " + "\n  ".join(problems))
+    print(f"pairs: {len(sources)} notebooks in sync, no outputs")
+
+
+def sync() -> None:
+    """Take a newer .ipynb's edits into its .md, put the Colab cell first, rewrite the .ipynb."""
+    import jupytext
+    from nbformat.v4 import new_code_cell
+
+    for md in notebook_sources():
+        ipynb = md.with_suffix(".ipynb")
+        if ipynb.exists() and ipynb.stat().st_mtime > md.stat().st_mtime:
+            edited = jupytext.read(ipynb)
+            if [c.source for c in edited.cells] != [c.source for c in read_md(md).cells]:
+                edited.metadata = read_md(md).metadata      # keep the .md's header
+                jupytext.write(edited, md, fmt="md:myst")
+                print(f"{rel(md)}: updated from the newer {ipynb.name}")
+        notebook = read_md(md)
+        cell = first_code_cell(notebook)
+        colab = new_code_cell(colab_cell(), metadata={"tags": ["remove-cell"]})
+        if cell is not None and cell.source.lstrip().startswith("# Colab only"):
+            notebook.cells[notebook.cells.index(cell)] = colab
+        else:
+            notebook.cells.insert(0, colab)
+        jupytext.write(notebook, md, fmt="md:myst")
+        ipynb.write_text(ipynb_text(md), encoding="utf-8")
+        print(f"{rel(md)} -> {ipynb.name}")
+
+
+# ── execution ─────────────────────────────────────────────────────────────────────────────
+
+
+def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
+    """Execute one notebook in a temporary folder; return (path, seconds, error, notebook)."""
+    from jupyter_cache.readers import get_reader
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    notebook = get_reader(READER)(path)
+    with tempfile.TemporaryDirectory() as cwd:
+        result = single_nb_execution(notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False)
+    if result.err is not None:
+        return path, result.time, result.exc_string or repr(result.err), None
+    return path, result.time, None, notebook
+
+
+def failing_cell(notebook_path: Path, traceback: str) -> str:
+    """Say which cell failed: nbclient quotes the cell's source at the top of its error."""
+    source = read_md(notebook_path)
+    quoted = traceback.split("------------------", 2)
+    if len(quoted) >= 2:
+        failed = quoted[1].strip()
+        for index, cell in enumerate(c for c in source.cells if c.cell_type == "code"):
+            if cell.source.strip() and cell.source.strip() in failed:
+                return f"code cell {index + 1}"
+    return "a cell (see the traceback)"
+
+
+def execute(only: list[str] | None = None) -> dict[str, float]:
+    """Execute every notebook into a fresh jupyter-cache, two at a time, longest first."""
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    paths = [p for p in notebook_sources() if not only or p.stem in only]
+    if CACHE.exists() and not only:
+        shutil.rmtree(CACHE)          # forced: never render a stale output
+    cache = get_cache(str(CACHE))
+    for path in paths:
+        cache.add_nb_to_project(str(path), read_data=READER)
+    previous = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    paths.sort(key=lambda p: -previous.get(p.stem, 0.0))
+    workers = max(1, min(len(paths), os.cpu_count() or 1))
+    times, errors = {}, []
+    start = time.perf_counter()
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        for path, seconds, error, notebook in pool.map(_execute_one, map(str, paths)):
+            stem = Path(path).stem
+            times[stem] = round(seconds, 2)
+            if error is not None:
+                errors.append(f"notebooks/{stem}.md, {failing_cell(Path(path), error)}:\n{error}")
+                print(f"  FAILED {stem:28s} {seconds:6.1f} s")
+                continue
+            cache.cache_notebook_bundle(
+                CacheBundleIn(notebook, path, data={"execution_seconds": seconds}),
+                check_validity=False, overwrite=True)
+            print(f"  {stem:35s} {seconds:6.1f} s")
+    print(f"executed {len(paths)} notebooks in {time.perf_counter() - start:.1f} s "
+          f"({workers} at a time)")
+    BUILD.mkdir(exist_ok=True)
+    TIMES.write_text(json.dumps({**previous, **times}, indent=1))
+    if errors:
+        fail("a notebook failed to execute:\n" + "\n".join(errors))
+    return times
+
+
+# ── glued values ──────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Glued:
+    """One glued value as the executed notebook holds it."""
+    value: object
+    kind: str | None = None   # the kind hint given to tx_part4.show, if any
+    tol: float | None = None
+
+
+def glued_in_notebook(notebook) -> dict[str, Glued]:
+    """Every glued key of an executed notebook, with its value parsed back from its text."""
+    found = {}
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            meta = output.get("metadata", {})
+            if "scrapbook" not in meta:
+                continue
+            prefix = meta["scrapbook"].get("mime_prefix", "")
+            text = output.get("data", {}).get(prefix + "text/plain")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError, TypeError):
+                value = text        # not a literal: a figure or a table glued as a whole
+            hint = meta.get("why_self_attention", {})
+            found[meta["scrapbook"]["name"]] = Glued(value, hint.get("kind"), hint.get("tol"))
+    return found
+
+
+def glued_values(only: list[str] | None = None) -> dict[str, dict[str, Glued]]:
+    """Glued values of every executed notebook in the cache (or those named), by page."""
+    from jupyter_cache import get_cache
+    from jupyter_cache.readers import get_reader
+
+    if not CACHE.exists():
+        fail("no executed notebooks: run `make book` (or `python scripts/book.py execute`) first")
+    cache = get_cache(str(CACHE))
+    pages = {}
+    for path in notebook_sources():
+        if only and path.stem not in only:
+            continue
+        try:
+            _, notebook = cache.merge_match_into_notebook(get_reader(READER)(str(path)))
+        except KeyError:
+            fail(f"notebooks/{path.name} has no executed copy in the cache, or the copy is stale: "
+                 f"run `make book`")
+        pages[path.stem] = glued_in_notebook(notebook)
+    return pages
+
+
+# ── expectations ──────────────────────────────────────────────────────────────────────────
+
+
+def load_expected(path: Path = NUMBERS) -> dict[str, dict[str, dict]]:
+    """numbers.toml: {page: {key: {kind, value, tol?, seed?, meaning?}}}."""
+    if not path.exists():
+        return {}
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    for page, keys in data.items():
+        for key, entry in keys.items():
+            if entry.get("kind") not in KINDS:
+                fail(f"numbers.toml [{page}] {key}: kind must be one of {KINDS}, got {entry.get('kind')!r}")
+    return data
+
+
+def toml_value(value) -> str:
+    """A bool, int, float or str written as TOML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else
+                                                         ("inf" if value > 0 else "-inf"))
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def toml_key(key: str) -> str:
+    """A TOML key, quoted unless it is bare."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
+
+
+def dump_expected(data: dict[str, dict[str, dict]]) -> str:
+    """numbers.toml as text: one line per key, pages in order, keys in the order glued."""
+    lines = [
+        "# The expected value of every number the book glues: one line per key, one table per page.",
+        "# kind: exact (counts) | close (floats, relative tol) | seeded (random but seeded, tol)",
+        "#       | measured (machine-dependent: only checked to be a number; relations are glued",
+        "#         as booleans of kind exact). seed: the value the seed articles publish, if any.",
+        "# Update with `make numbers`, which shows the diff. meaning/seed/kind/tol are kept.",
+    ]
+    for page in sorted(data):
+        lines.append("")
+        lines.append(f"[{toml_key(page)}]")
+        for key, entry in data[page].items():
+            fields = ", ".join(f"{name} = {toml_value(entry[name])}"
+                               for name in ("kind", "value", "tol", "seed", "meaning")
+                               if entry.get(name) is not None)
+            lines.append(f"{toml_key(key)} = {{ {fields} }}")
+    return "\n".join(lines) + "\n"
+
+
+# ── the check ─────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Problem:
+    """One row of the drift table."""
+    page: str
+    key: str
+    kind: str
+    expected: object
+    got: object
+    reason: str
+
+
+def significant(text: str) -> int:
+    """Significant digits written in a published number, e.g. '0.133' → 3, '3.28e-05' → 3."""
+    mantissa = text.lower().split("e")[0].replace("-", "").replace(".", "").lstrip("0")
+    return max(1, len(mantissa.rstrip("0")) if "." not in text else len(mantissa))
+
+
+def agrees_with_seed(value, seed) -> bool:
+    """Does the built value, rounded as the seed article rounds it, give the published number?"""
+    if isinstance(seed, bool) or isinstance(seed, str) or isinstance(value, (bool, str)):
+        return value == seed
+    if isinstance(seed, int) and isinstance(value, int):
+        return value == seed
+    digits = significant(repr(seed))
+    return float(f"{float(value):.{digits}g}") == float(f"{float(seed):.{digits}g}")
+
+
+def is_number(value) -> bool:
+    """A finite int or float (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def compare_one(page: str, key: str, entry: dict, value) -> Problem | None:
+    """Check one glued value against its expectation."""
+    kind, expected = entry["kind"], entry.get("value")
+    problem = lambda reason: Problem(page, key, kind, expected, value, reason)  # noqa: E731
+    if kind == "measured":
+        if not is_number(value):
+            return problem("a measured value must be a finite number")
+        return None
+    if kind == "exact":
+        if type(value) is not type(expected) or value != expected:
+            return problem("drifted")
+    else:
+        if not (is_number(value) and is_number(expected)):
+            return problem("not a number")
+        tol = entry.get("tol") or DEFAULT_TOL[kind]
+        if not math.isclose(value, expected, rel_tol=tol, abs_tol=tol * 1e-12):
+            return problem(f"drifted beyond rel. tol {tol:g}")
+    seed = entry.get("seed")
+    if seed is not None and kind in ("exact", "close") and not agrees_with_seed(value, seed):
+        return Problem(page, key, kind, seed, value, "disagrees with the seed articles")
+    return None
+
+
+def compare(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> list[Problem]:
+    """Every drift, every missing key, every glued key without an expectation."""
+    problems = []
+    for page in sorted(set(expected) | set(glued)):
+        want, have = expected.get(page, {}), glued.get(page)
+        if have is None:
+            problems.append(Problem(page, "*", "-", f"{len(want)} keys", None, "page not executed"))
+            continue
+        for key, entry in want.items():
+            if key not in have:
+                problems.append(Problem(page, key, entry["kind"], entry.get("value"), None,
+                                        "missing: expected but not glued"))
+            else:
+                found = compare_one(page, key, entry, have[key].value)
+                if found:
+                    problems.append(found)
+        for key in have:
+            if key not in want:
+                problems.append(Problem(page, key, "-", None, have[key].value,
+                                        "unexpected: glued but not in numbers.toml (run `make numbers`)"))
+    return problems
+
+
+def fmt(value) -> str:
+    """A value as the drift table shows it."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    return str(value)
+
+
+def problem_table(problems: list[Problem]) -> str:
+    """The drift table, one row per problem, readable in a terminal."""
+    rows = [("page", "key", "kind", "expected", "got", "what")]
+    rows += [(p.page, p.key, p.kind, fmt(p.expected), fmt(p.got), p.reason) for p in problems]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def check_numbers(only: list[str] | None = None) -> None:
+    """Compare the build's glued values with numbers.toml; fail with a table of every problem."""
+    expected, glued = load_expected(), glued_values(only)
+    if only:
+        expected = {page: keys for page, keys in expected.items() if page in only}
+    problems = compare(expected, glued)
+    total = sum(len(keys) for keys in glued.values())
+    if problems:
+        fail(f"number check: {len(problems)} problem(s) in {total} glued values\n"
+             f"{problem_table(problems)}\n"
+             f"If a change is on purpose, run `make numbers`, read the diff, and say so in the commit.")
+    print(f"numbers: {total} glued values on {len(glued)} pages match numbers.toml")
+
+
+def accept_numbers(only: list[str] | None = None) -> None:
+    """Write the build's glued values into numbers.toml, keeping kinds, seeds and meanings."""
+    old = load_expected()
+    new: dict[str, dict[str, dict]] = {page: keys for page, keys in old.items()
+                                       if only and page not in only}
+    for page, keys in glued_values(only).items():
+        new[page] = {}
+        for key, glued in keys.items():
+            entry = dict(old.get(page, {}).get(key, {}))
+            entry.setdefault("kind", glued.kind or ("close" if isinstance(glued.value, float) else "exact"))
+            if glued.tol is not None and "tol" not in entry:
+                entry["tol"] = glued.tol
+            entry["value"] = glued.value
+            new[page][key] = entry
+    before = NUMBERS.read_text(encoding="utf-8") if NUMBERS.exists() else ""
+    after = dump_expected(new)
+    diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(),
+                                     "numbers.toml (before)", "numbers.toml (after)", lineterm=""))
+    NUMBERS.write_text(after, encoding="utf-8")
+    print("\n".join(diff) if diff else "numbers.toml: no change")
+
+
+# ── the ledger ────────────────────────────────────────────────────────────────────────────
+
+
+def default_meaning(key: str) -> str:
+    """A table cell's key says where it is: name.row.column."""
+    parts = key.split(".")
+    if len(parts) == 3:
+        return f"table `{parts[0]}`, row {parts[1]}, column {parts[2].replace('_', ' ')}"
+    return ""
+
+
+def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> str:
+    """The ledger page: every checked number, its meaning, kind, tolerance, seed, build value, status."""
+    problems = {(p.page, p.key): p.reason for p in compare(expected, glued)}
+    lines = [
+        "# The ledger",
+        "",
+        "Every number this book checks, one row each. The page is generated by `make book` from",
+        "`numbers.toml` and the notebooks it has just executed; nobody types it. *Seeds publish* is",
+        "the value printed in the seed articles, where they print one. *This build* is the value",
+        "the notebook glued in this build. *Status* is the number check's verdict.",
+        "",
+        "Kinds: **exact** must match to the last digit; **close** and **seeded** within the",
+        "relative tolerance shown; **measured** values come from this machine's clock and are only",
+        "checked to be numbers, while the relations between them are checked as exact booleans.",
+    ]
+    for page in sorted(expected):
+        lines += ["", f"## [{page}](../notebooks/{page}.md)", "",
+                  "| key | meaning | kind | tolerance | seeds publish | this build | status |",
+                  "|:--|:--|:--|--:|--:|--:|:--|"]
+        for key, entry in expected[page].items():
+            kind = entry["kind"]
+            tol = entry.get("tol") or DEFAULT_TOL.get(kind)
+            have = glued.get(page, {}).get(key)
+            status = problems.get((page, key), "ok")
+            cells = [f"`{key}`", entry.get("meaning") or default_meaning(key), kind, f"{tol:g}" if tol else "—",
+                     fmt(entry.get("seed")), fmt(have.value if have else None),
+                     "✅ ok" if status == "ok" else f"❌ {status}"]
+            lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_ledger() -> None:
+    """Write book/ledger.md for this build."""
+    LEDGER.write_text(ledger_text(load_expected(), glued_values()), encoding="utf-8")
+    print(f"ledger: {rel(LEDGER)} written")
+
+
+# ── the site ──────────────────────────────────────────────────────────────────────────────
+
+
+def html() -> None:
+    """Render the site from the executed cache: warnings and broken references are errors."""
+    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
+               "--builder", "html", "-W", "-n", "--keep-going"]
+    print("$ jupyter-book", " ".join(command[1:]))
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    warnings = [line for line in (done.stdout + done.stderr).splitlines()
+                if re.search(r"(WARNING|ERROR|CRITICAL)", line)]
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+        fail("the HTML build failed" + (":\n  " + "\n  ".join(warnings) if warnings else "") +
+             f"\n--- last lines of jupyter-book ---\n{tail}")
+    print(f"site: {rel(BUILD / 'html' / 'index.html')}")
+
+
+def build() -> None:
+    """Everything `make book` does: pairs, execution, ledger, site, number check."""
+    start = time.perf_counter()
+    check_sync()
+    execute()
+    write_ledger()
+    html()
+    check_numbers()
+    print(f"make book: {time.perf_counter() - start:.1f} s in all")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; print a clear message and return 1 on a failure."""
+    commands = {"build": build, "check-sync": check_sync, "sync": sync, "execute": execute,
+                "check-numbers": check_numbers, "numbers": accept_numbers, "ledger": write_ledger,
+                "html": html}
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=commands)
+    parser.add_argument("pages", nargs="*", help="execute, numbers, check-numbers: only these "
+                        "notebooks (stems such as 02_sequential_steps)")
+    args = parser.parse_args(argv)
+    try:
+        if args.pages and args.command in ("execute", "numbers", "check-numbers"):
+            commands[args.command](args.pages)
+        else:
+            commands[args.command]()
+    except BuildError as error:
+        print(f"\nmake book FAILED ({args.command}): {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

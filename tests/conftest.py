@@ -1,0 +1,7 @@
+"""Shared fixtures: the repository root on the path, so that tests import scripts/book.py."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))

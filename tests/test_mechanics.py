@@ -1,0 +1,87 @@
+"""The book's mechanics: glue from a real kernel, plain values, the pairs, the command line."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import book
+import tx_part4 as tx
+
+
+@pytest.mark.parametrize("value,expected,kind", [
+    (np.int64(7), 7, int), (np.float32(0.5), 0.5, float), (torch.tensor(3), 3, int),
+    (np.bool_(True), True, bool), (True, True, bool), ("text", "text", str),
+])
+def test_plain_gives_python_values(value, expected, kind):
+    assert tx.plain(value) == expected and type(tx.plain(value)) is kind
+
+
+def test_show_prints_the_value_outside_a_notebook(capsys):
+    assert tx.show("answer", np.int64(12288)) == 12288
+    assert capsys.readouterr().out.strip() == "answer = 12,288"
+
+
+def test_show_glues_in_a_real_kernel_with_its_kind(tmp_path):
+    """Execute a two-cell notebook and read the glue back the way the number check does."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(
+        "import numpy as np, tx_part4 as tx\n"
+        "tx.show('count', np.int64(746496))\n"
+        "tx.show('wall_ms', 1.5, kind='measured')\n"
+        "import pandas as pd\n"
+        "tx.show_table('t', pd.DataFrame({'a': [1, 2]}, index=[10, 20]))")]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(notebook, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    found = book.glued_in_notebook(notebook)
+    assert found["count"].value == 746496 and found["count"].kind == "exact"
+    assert found["wall_ms"].value == 1.5 and found["wall_ms"].kind == "measured"
+    assert found["t.10.a"].value == 1 and found["t.20.a"].value == 2
+
+
+def test_the_committed_pairs_are_in_sync():
+    book.check_sync()
+
+
+def test_an_ipynb_with_outputs_fails_the_pair_check(tmp_path, monkeypatch):
+    import nbformat
+
+    for md in book.notebook_sources()[:1]:
+        (tmp_path / md.name).write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
+        notebook = nbformat.reads(book.ipynb_text(md), as_version=4)
+        code = next(c for c in notebook.cells if c.cell_type == "code")
+        code.outputs = [nbformat.v4.new_output("stream", text="hello")]
+        (tmp_path / md.with_suffix(".ipynb").name).write_text(nbformat.writes(notebook), encoding="utf-8")
+    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path)
+    with pytest.raises(book.BuildError, match="carries outputs"):
+        book.check_sync()
+
+
+def test_a_stale_ipynb_fails_the_pair_check(tmp_path, monkeypatch):
+    md = book.notebook_sources()[0]
+    (tmp_path / md.name).write_text(md.read_text(encoding="utf-8") + "\nA new line.\n", encoding="utf-8")
+    (tmp_path / md.with_suffix(".ipynb").name).write_text(
+        md.with_suffix(".ipynb").read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path)
+    with pytest.raises(book.BuildError, match="differs from its .md"):
+        book.check_sync()
+
+
+def test_the_colab_cell_names_the_configured_repository():
+    assert book.repository_url() in book.colab_cell()
+    for md in book.notebook_sources():
+        cell = book.first_code_cell(book.read_md(md))
+        assert cell.source.strip() == book.colab_cell().strip(), md.name
+
+
+def test_the_command_line_prints_every_table():
+    done = subprocess.run([sys.executable, str(book.ROOT / "scripts" / "tx_part4.py")],
+                          capture_output=True, text=True, check=True)
+    for title, _ in tx.TABLES:
+        assert title in done.stdout
+    assert f"{8192 * 8192 * 512:,}" in done.stdout      # n²d at n = 8,192, d = 512

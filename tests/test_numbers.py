@@ -1,0 +1,141 @@
+"""The number check itself: drifts, missing and unexpected keys fail, with a readable table."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import book
+from book import Glued, compare, problem_table
+
+EXPECTED = {
+    "01_costs": {
+        "core_27": {"kind": "exact", "value": 746496, "seed": 746496},
+        "ratio": {"kind": "close", "value": 0.5, "tol": 1e-6},
+        "norm": {"kind": "seeded", "value": 0.297, "tol": 0.05},
+        "wall_ms": {"kind": "measured", "value": 4.2},
+        "grows": {"kind": "exact", "value": True},
+    }
+}
+
+
+def glued(**changes):
+    """The glued values of a build that matches EXPECTED, with some values changed."""
+    values = {"core_27": 746496, "ratio": 0.5, "norm": 0.3, "wall_ms": 9.9, "grows": True}
+    values.update(changes)
+    return {"01_costs": {k: Glued(v) for k, v in values.items() if v is not None}}
+
+
+def test_a_matching_build_passes():
+    assert compare(EXPECTED, glued()) == []
+
+
+def test_a_count_off_by_one_fails_naming_key_expected_and_value():
+    problems = compare(EXPECTED, glued(core_27=746497))
+    assert [(p.key, p.expected, p.got) for p in problems] == [("core_27", 746496, 746497)]
+    table = problem_table(problems)
+    assert "core_27" in table and "746,496" in table and "746,497" in table
+
+
+def test_close_and_seeded_tolerances():
+    assert compare(EXPECTED, glued(ratio=0.5 * (1 + 1e-8))) == []
+    assert [p.key for p in compare(EXPECTED, glued(ratio=0.51))] == ["ratio"]
+    assert compare(EXPECTED, glued(norm=0.31)) == []
+    assert [p.key for p in compare(EXPECTED, glued(norm=0.5))] == ["norm"]
+
+
+def test_measured_values_are_only_checked_to_be_numbers():
+    assert compare(EXPECTED, glued(wall_ms=123.0)) == []
+    assert [p.key for p in compare(EXPECTED, glued(wall_ms=float("nan")))] == ["wall_ms"]
+    assert [p.key for p in compare(EXPECTED, glued(grows=False))] == ["grows"]
+
+
+def test_a_missing_key_fails():
+    problems = compare(EXPECTED, glued(ratio=None))
+    assert [(p.key, p.reason.split(":")[0]) for p in problems] == [("ratio", "missing")]
+
+
+def test_an_unexpected_key_fails():
+    problems = compare(EXPECTED, glued(surprise=7))
+    assert [(p.key, p.reason.split(":")[0]) for p in problems] == [("surprise", "unexpected")]
+
+
+def test_a_page_that_did_not_run_fails():
+    problems = compare(EXPECTED, {})
+    assert [(p.page, p.reason) for p in problems] == [("01_costs", "page not executed")]
+
+
+def test_a_type_change_is_a_drift():
+    assert [p.key for p in compare(EXPECTED, glued(core_27=746496.0))] == ["core_27"]
+
+
+def test_disagreeing_with_the_seed_fails():
+    expected = {"p": {"k": {"kind": "exact", "value": 5, "seed": 6}}}
+    assert [p.reason for p in compare(expected, {"p": {"k": Glued(5)}})] == [
+        "disagrees with the seed articles"]
+
+
+@pytest.mark.parametrize("value,seed,agrees", [
+    (0.13262, 0.133, True), (3.2803e-05, 3.28e-05, True), (16.0, 16.0, True),
+    (1.7204e-09, 1.72e-09, True), (0.0769, 0.08, True), (0.4, 0.4, True), (0.46, 0.4, False),
+    (12288, 12288, True), (12289, 12288, False), (True, True, True),
+])
+def test_agreement_with_published_rounding(value, seed, agrees):
+    assert book.agrees_with_seed(value, seed) is agrees
+
+
+def test_numbers_file_round_trip(tmp_path):
+    data = {"01_costs": {
+        "a": {"kind": "exact", "value": 12288, "seed": 12288, "meaning": 'say "why"'},
+        "cost.10.self-attention_n²d": {"kind": "close", "value": 1e-09, "tol": 1e-6},
+        "flag": {"kind": "exact", "value": False},
+    }}
+    path = tmp_path / "numbers.toml"
+    path.write_text(book.dump_expected(data), encoding="utf-8")
+    assert book.load_expected(path) == data
+
+
+def test_an_unknown_kind_in_the_file_fails(tmp_path):
+    path = tmp_path / "numbers.toml"
+    path.write_text('[p]\nk = { kind = "roughly", value = 1 }\n', encoding="utf-8")
+    with pytest.raises(book.BuildError, match="kind must be one of"):
+        book.load_expected(path)
+
+
+def test_the_committed_numbers_file_is_well_formed():
+    expected = book.load_expected()
+    assert set(expected) == {p.stem for p in book.notebook_sources()}, \
+        "numbers.toml must have a table for every notebook, and no other"
+    for page, keys in expected.items():
+        assert keys, f"numbers.toml [{page}] is empty"
+
+
+def execute_with(tmp_path, module_text):
+    """Execute notebooks/01_costs.md with a changed copy of tx_part4 first on the path."""
+    (tmp_path / "tx_part4.py").write_text(module_text, encoding="utf-8")
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env_path}"
+    try:
+        path, seconds, error, notebook = book._execute_one(str(book.NOTEBOOKS / "01_costs.md"))
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+    assert error is None, error
+    return book.glued_in_notebook(notebook)
+
+
+def test_changing_one_count_by_one_fails_the_check(tmp_path):
+    """The promise of the build: a count changed by one is caught, by key, old and new value."""
+    source = (book.ROOT / "scripts" / "tx_part4.py").read_text(encoding="utf-8")
+    changed = source.replace("scores=n * n * d,", "scores=n * n * d + 1,", 1)
+    assert changed != source
+    glued_values = execute_with(tmp_path, changed)
+    expected = book.load_expected()
+    problems = compare({"01_costs": expected["01_costs"]}, {"01_costs": glued_values})
+    drifted = {p.key: (p.expected, p.got) for p in problems}
+    assert drifted["core_27"] == (746496, 746497)
+    assert "core_27" in problem_table(problems)
