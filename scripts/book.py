@@ -200,15 +200,22 @@ def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
 
 
 def failing_cell(notebook_path: Path, traceback: str) -> str:
-    """Say which cell failed: nbclient quotes the cell's source at the top of its error."""
-    source = read_md(notebook_path)
-    quoted = traceback.split("------------------", 2)
+    """Say which cell failed, by its line in the .md: nbclient quotes the cell's source."""
+    quoted = traceback.split("------------------")
     if len(quoted) >= 2:
         failed = quoted[1].strip()
-        for index, cell in enumerate(c for c in source.cells if c.cell_type == "code"):
-            if cell.source.strip() and cell.source.strip() in failed:
-                return f"code cell {index + 1}"
+        text = notebook_path.read_text(encoding="utf-8")
+        for probe in (failed, failed.splitlines()[0] if failed else ""):
+            if probe and probe in text:
+                line = text[:text.index(probe)].count("\n") + 1
+                return f"the code cell at line {line}"
     return "a cell (see the traceback)"
+
+
+def short_traceback(traceback: str) -> str:
+    """The failing cell and its error, without the executor's own frames."""
+    marker = "An error occurred while executing the following cell:"
+    return traceback[traceback.index(marker):] if marker in traceback else traceback
 
 
 def execute(only: list[str] | None = None) -> dict[str, float]:
@@ -232,7 +239,8 @@ def execute(only: list[str] | None = None) -> dict[str, float]:
             stem = Path(path).stem
             times[stem] = round(seconds, 2)
             if error is not None:
-                errors.append(f"notebooks/{stem}.md, {failing_cell(Path(path), error)}:\n{error}")
+                errors.append(f"notebooks/{stem}.md, {failing_cell(Path(path), error)}:\n"
+                              f"{short_traceback(error)}")
                 print(f"  FAILED {stem:28s} {seconds:6.1f} s")
                 continue
             cache.cache_notebook_bundle(
