@@ -44,6 +44,8 @@ GLUE_PREFIX = "application/papermill.record/"
 KINDS = ("exact", "close", "seeded", "measured")
 DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}        # relative tolerance when numbers.toml gives none
 TIMEOUT = 300                                        # seconds a cell may run before the build fails
+BUDGET_NOTEBOOK = 20.0                               # seconds one notebook should take (warned, not failed)
+BUDGET_BUILD = 90.0                                  # seconds the whole `make book` should take
 
 #: The first cell of every notebook, hidden in the book. The repository is named in _config.yml.
 COLAB_CELL = """\
@@ -192,6 +194,7 @@ def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     from jupyter_cache.executors.utils import single_nb_execution
 
     notebook = get_reader(READER)(path)
+    os.environ.pop("MPLBACKEND", None)     # a kernel given MPLBACKEND=Agg draws no figure at all
     with tempfile.TemporaryDirectory() as cwd:
         result = single_nb_execution(notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False)
     if result.err is not None:
@@ -566,14 +569,32 @@ def html() -> None:
     print(f"site: {rel(BUILD / 'html' / 'index.html')}")
 
 
+def budget_report(times: dict[str, float], total: float) -> list[str]:
+    """The build's closing lines: each notebook's seconds and the total, against the budget.
+    Over budget is a WARNING line naming the notebook, never a failure: machines vary."""
+    over = lambda seconds, budget: "  OVER BUDGET" if seconds >= budget else ""  # noqa: E731
+    lines = [f"build times (budget: each notebook < {BUDGET_NOTEBOOK:g} s, "
+             f"whole build < {BUDGET_BUILD:g} s):"]
+    lines += [f"  {stem:35s} {seconds:6.1f} s{over(seconds, BUDGET_NOTEBOOK)}"
+              for stem, seconds in sorted(times.items())]
+    lines.append(f"  {'whole build':35s} {total:6.1f} s{over(total, BUDGET_BUILD)}")
+    lines += [f"WARNING: notebooks/{stem}.md took {seconds:.1f} s, over the budget of "
+              f"{BUDGET_NOTEBOOK:g} s for one notebook" for stem, seconds in sorted(times.items())
+              if seconds >= BUDGET_NOTEBOOK]
+    if total >= BUDGET_BUILD:
+        lines.append(f"WARNING: the build took {total:.1f} s, over its budget of {BUDGET_BUILD:g} s")
+    return lines
+
+
 def build() -> None:
-    """Everything `make book` does: pairs, execution, ledger, site, number check."""
+    """Everything `make book` does: pairs, execution, ledger, site, number check, the times."""
     start = time.perf_counter()
     check_sync()
-    execute()
+    times = execute()
     write_ledger()
     html()
     check_numbers()
+    print("\n".join(budget_report(times, time.perf_counter() - start)))
     print(f"make book: {time.perf_counter() - start:.1f} s in all")
 
 
