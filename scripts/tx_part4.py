@@ -714,6 +714,28 @@ def layers_to_connect(n: int, layer_links: Callable[[int], torch.Tensor],
     return None
 
 
+def shortest_route(n: int, layer_links: Callable[[int], torch.Tensor], layers: int) -> list[int]:
+    """One route from input 1 to output n through `layers` stacked layers: a position per level.
+
+    Level 0 is the input; level L is the output of layer L. The route goes forward with the
+    boolean products of the tables (which positions input 1 has reached), then back from
+    output n, each time to a position that was reached and that the layer reads.
+    """
+    check_positive(n=n, layers=layers)
+    reached = [torch.zeros(n, dtype=torch.bool)]
+    reached[0][0] = True                                    # input 1 reaches itself
+    tables = [layer_links(L) for L in range(1, layers + 1)]
+    for links in tables:
+        reached.append((links.float() @ reached[-1].float()) > 0)
+    if not reached[-1][n - 1]:
+        raise ValueError(f"layers must be enough to connect input 1 to output {n}, got {layers}")
+    route = [n - 1]
+    for level in range(layers, 0, -1):                      # from the output back to the input
+        options = torch.nonzero(tables[level - 1][route[-1]] & reached[level - 1]).flatten()
+        route.append(int(options[0]))                       # the earliest position that works
+    return route[::-1]
+
+
 def recurrent_path(n: int) -> int:
     """Hops from input 1 to output n in a recurrent layer: h_1 → h_2 → … → h_n."""
     check_positive(n=n)
@@ -1005,6 +1027,16 @@ def orders_of_magnitude(values: Iterable[float]) -> float:
     if values.numel() == 0 or not bool((values > 0).all()):
         raise ValueError("values must be positive numbers, at least one")
     return math.log10(values.max().item() / values.min().item())
+
+
+def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
+    """Least-squares slope of log10(y) against x: powers of ten gained per unit of x."""
+    x = torch.as_tensor(list(x), dtype=torch.float64)
+    y = torch.as_tensor(list(y), dtype=torch.float64)
+    if x.numel() < 2 or x.shape != y.shape or not bool((y > 0).all()):
+        raise ValueError("x and y must be two equal lists of at least two points, y positive")
+    dx, dy = x - x.mean(), y.log10() - y.log10().mean()
+    return ((dx * dy).sum() / dx.pow(2).sum()).item()       # covariance over variance
 
 
 def survival(keep: float, steps: int) -> float:

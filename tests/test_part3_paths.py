@@ -210,3 +210,20 @@ def test_bad_input_names_the_argument():
         tx.fixed_weights(5, 5)
     with pytest.raises(ValueError, match="d must"):
         tx.sinusoid_positions(4, 5)
+
+
+@pytest.mark.parametrize("n,kind", [(8, "dilated"), (8, "chain"), (27, "conv"), (5, "all")])
+def test_shortest_route_follows_links_and_is_shortest(n, kind):
+    tables = {"dilated": lambda L: tx.window_links(n, tx.dilated_offsets(L)),
+              "chain": lambda L: tx.window_links(n, [-1]),
+              "conv": lambda L: tx.window_links(n, tx.contiguous_offsets(3)),
+              "all": lambda L: torch.ones(n, n, dtype=torch.bool)}
+    links = tables[kind]
+    layers = layers_by_search(n, links, 3 * n)
+    route = tx.shortest_route(n, links, layers)
+    assert route[0] == 0 and route[-1] == n - 1 and len(route) == layers + 1
+    for level in range(1, layers + 1):               # every hop is a link of its layer
+        assert links(level)[route[level], route[level - 1]]
+    if layers > 1:
+        with pytest.raises(ValueError, match="layers must"):
+            tx.shortest_route(n, links, layers - 1)

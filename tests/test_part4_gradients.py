@@ -61,6 +61,13 @@ def test_gradient_by_distance_is_reproducible():
     assert first.equals(second)
 
 
+def test_log10_slope_recovers_a_known_decay():
+    xs = [0, 3, 7, 12]
+    assert math.isclose(tx.log10_slope(xs, [5 * 10 ** (-0.25 * x) for x in xs]), -0.25, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="x and y"):
+        tx.log10_slope([1], [1])
+
+
 def test_orders_of_magnitude():
     assert math.isclose(tx.orders_of_magnitude([1e-9, 1.0, 10.0]), 10.0)
     assert tx.orders_of_magnitude([3.0]) == 0.0
