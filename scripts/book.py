@@ -194,7 +194,9 @@ def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     from jupyter_cache.executors.utils import single_nb_execution
 
     notebook = get_reader(READER)(path)
-    os.environ.pop("MPLBACKEND", None)     # a kernel given MPLBACKEND=Agg draws no figure at all
+    # The kernel inherits this environment: with MPLBACKEND=Agg (common in CI) plt.show() draws
+    # nothing and the pages lose their figures. Jupyter's inline backend puts them in the output.
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     with tempfile.TemporaryDirectory() as cwd:
         result = single_nb_execution(notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False)
     if result.err is not None:

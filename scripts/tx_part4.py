@@ -480,13 +480,626 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # Part 2 · 02_sequential_steps (Table 1, column 2)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+def _node_depths(root) -> dict:
+    """The depth of every node of an autograd graph under `root`: 1 + the deepest parent.
+
+    Iterative (no recursion limit, however long the chain) and remembered (a node that many
+    paths share is measured once: without the memo a lattice of shared nodes explodes).
+    """
+    depth: dict = {}
+    stack = [(root, False)]
+    while stack:
+        node, parents_done = stack.pop()
+        if node in depth:
+            continue
+        parents = [p for p, _ in node.next_functions if p is not None]
+        if parents_done:                          # every parent is measured: one link more
+            depth[node] = 1 + max((depth[p] for p in parents), default=0)
+        else:                                     # come back to this node after its parents
+            stack.append((node, True))
+            stack.extend((p, False) for p in parents if p not in depth)
+    return depth
+
+
+def graph_depth(t: torch.Tensor) -> int:
+    """The longest chain of operations in PyTorch's autograd graph, from `t` back to its leaves.
+
+    Operations on one chain must run one after another; operations on different chains may
+    run at the same time. A leaf that requires a gradient counts as one node (its
+    AccumulateGrad); a tensor that no operation made has depth 0.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"t must be a tensor, got {type(t).__name__}")
+    if t.grad_fn is None:
+        return 0
+    return _node_depths(t.grad_fn)[t.grad_fn]
+
+
+def longest_chain(t: torch.Tensor) -> list[str]:
+    """The names of the operations on one longest chain, from `t` back to a leaf."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"t must be a tensor, got {type(t).__name__}")
+    if t.grad_fn is None:
+        return []
+    depth = _node_depths(t.grad_fn)
+    node, names = t.grad_fn, []
+    while node is not None:
+        names.append(type(node).__name__)
+        parents = [p for p, _ in node.next_functions if p is not None]
+        node = max(parents, key=depth.__getitem__, default=None)   # a deepest parent
+    return names
+
+
+def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
+                         Wv: torch.Tensor) -> torch.Tensor:
+    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
+    return attention_core(x @ Wq, x @ Wk, x @ Wv)
+
+
+def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
+    return recurrent_chain(x @ W, U)
+
+
+def random_weights(count: int, d: int, seed: int = 0, requires_grad: bool = False,
+                   device: str = "cpu") -> list[torch.Tensor]:
+    """`count` random d × d matrices, scaled by 1/√d so that a product keeps the size of its input."""
+    check_positive(count=count, d=d)
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(d, d, generator=g) / math.sqrt(d)).to(device).requires_grad_(requires_grad)
+            for _ in range(count)]
+
+
+@cli_table("Part 2 · Table 1, column 2: the longest chain in the autograd graph (d = 64)")
+def depth_table(ns: Iterable[int] = (4, 16, 64, 256), d: int = 64, seed: int = 0) -> pd.DataFrame:
+    """The longest chain of one self-attention layer and one recurrent layer, for several lengths."""
+    check_positive(d=d)
+    Wq, Wk, Wv, W, U = random_weights(5, d, seed, requires_grad=True)   # weights record the graph
+    g = torch.Generator().manual_seed(seed)
+    rows = {}
+    for n in ns:
+        check_positive(n=n)
+        x = torch.randn(n, d, generator=g)
+        rows[n] = {"self-attention": graph_depth(self_attention_layer(x, Wq, Wk, Wv)),
+                   "recurrent": graph_depth(recurrent_layer(x, W, U))}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    table["recurrent / n"] = table["recurrent"] // table.index   # graph nodes per recurrent step
+    return table
+
+
+def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
+              min_time: float = 0.05) -> dict[str, float]:
+    """Wall time of fn(*args): one warm-up run, then timed runs; seconds.
+
+    Runs at least `min_runs` times and until `min_time` seconds have passed (at most
+    `max_runs`). Like torch.utils.benchmark, it switches off the garbage collector while it
+    times and waits for a GPU to finish its work before it reads the clock (its own harness,
+    because the Timer of torch.utils.benchmark repeats every timed run twice as a warm-up,
+    which triples the cost of the slow cases). Returns the median, the quartiles and the runs.
+    """
+    import gc
+    import timeit
+
+    check_positive(min_runs=min_runs, max_runs=max_runs)
+    if not min_time >= 0:
+        raise ValueError(f"min_time must be a non-negative number of seconds, got {min_time!r}")
+    wait = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def once() -> float:
+        wait()                                              # nothing left over from before
+        start = timeit.default_timer()
+        fn(*args)
+        wait()                                              # a GPU runs asynchronously
+        return timeit.default_timer() - start
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        warm = once()                                       # warm-up: caches, allocations
+        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(warm, 1e-9))))
+        times = torch.tensor([once() for _ in range(runs)], dtype=torch.float64)
+    finally:
+        if collecting:
+            gc.enable()
+    q1, median, q3 = torch.quantile(times, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    return {"median": median.item(), "q1": q1.item(), "q3": q3.item(), "runs": runs}
+
+
+def wall_time_table(ns: Iterable[int] = (16, 64, 256, 1024, 4096), d: int = 512, seed: int = 0,
+                    device: str = "cpu", min_time: float = 0.05) -> pd.DataFrame:
+    """Milliseconds for one self-attention step (with projections) and one recurrent loop.
+
+    Median of several runs after a warm-up, with the spread between the quartiles (q3 - q1).
+    The attention step is a few large products; the loop is n small steps, one after another.
+    """
+    check_positive(d=d)
+    Wq, Wk, Wv, W, U = random_weights(5, d, seed, device=device)
+    g = torch.Generator().manual_seed(seed)
+    rows = {}
+    with torch.no_grad():
+        for n in ns:
+            check_positive(n=n)
+            x = torch.randn(n, d, generator=g).to(device)
+            attention = time_call(self_attention_layer, x, Wq, Wk, Wv, min_time=min_time)
+            loop = time_call(recurrent_layer, x, W, U, min_time=min_time)
+            rows[n] = {"attention ms": 1e3 * attention["median"],
+                       "attention spread ms": 1e3 * (attention["q3"] - attention["q1"]),
+                       "attention runs": attention["runs"],
+                       "loop ms": 1e3 * loop["median"],
+                       "loop spread ms": 1e3 * (loop["q3"] - loop["q1"]),
+                       "loop runs": loop["runs"]}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    return table
+
+
+@cli_table("Part 2 · wall time on this machine, 1 thread, d = 512 (ms; the book goes on to n = 4,096)")
+def _wall_time_quick() -> pd.DataFrame:
+    """A quick wall-time table for the command line (the book's page measures up to 4,096)."""
+    torch.set_num_threads(1)
+    return wall_time_table(ns=(16, 64, 256, 1024), min_time=0.02)
+
+
+def waiting_time(steps: int, seconds_per_step: float) -> float:
+    """Seconds that `steps` steps take when each must wait for the one before."""
+    check_positive(steps=steps)
+    if not seconds_per_step > 0:
+        raise ValueError(f"seconds_per_step must be positive, got {seconds_per_step!r}")
+    return steps * seconds_per_step          # no overlap: the times add up
+
+
+@cli_table("Part 2 · the arithmetic of waiting: steps that cannot overlap, at a stated 20 µs a step")
+def waiting_table(tokens: int = 2048, layers: int = 24, seconds_per_step: float = 20e-6) -> pd.DataFrame:
+    """A recurrent network reads `tokens` positions one by one; a transformer runs `layers` layers."""
+    rows = {"recurrent network": {"steps": tokens, "ms": 1e3 * waiting_time(tokens, seconds_per_step)},
+            "transformer": {"steps": layers, "ms": 1e3 * waiting_time(layers, seconds_per_step)}}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "design"
+    return table
+
+
+def time_slots(positions: int, parallel: bool) -> torch.Tensor:
+    """Grid of (time slot, position): True where that position is worked on in that slot.
+
+    A recurrent layer works on one position per slot; attention on all of them in one slot.
+    """
+    check_positive(positions=positions)
+    if parallel:
+        return torch.ones(1, positions, dtype=torch.bool)       # one slot, every position
+    return torch.eye(positions, dtype=torch.bool)               # slot t holds position t only
+
+
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 3 · 03_paths (Table 1, column 3)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
+    """The link table of one layer: links[i, j] is True if output i reads input j directly.
+
+    Output i reads input i + o for each offset o (inputs outside 0 … n-1 do not exist).
+    A one-sided kernel of width 3 has offsets (0, -1, -2); dilated by 3, (0, -3, -6);
+    attention restricted to r = 5 centred positions has offsets -2 … 2.
+    """
+    check_positive(n=n)
+    offsets = [int(o) for o in offsets]
+    if not offsets:
+        raise ValueError("offsets must name at least one offset, got none")
+    i = torch.arange(n).unsqueeze(1)               # output positions, one per row
+    j = torch.arange(n).unsqueeze(0)               # input positions, one per column
+    return torch.isin(j - i, torch.tensor(offsets))
+
+
+def layers_to_connect(n: int, layer_links: Callable[[int], torch.Tensor],
+                      max_layers: int | None = None) -> int | None:
+    """How many stacked layers it takes before the last output depends on the first input.
+
+    `layer_links(L)` gives the (n, n) link table of layer L = 1, 2, …. The dependencies of a
+    stack are the boolean product of its tables: reach = links_L · … · links_1. Only the
+    column of input 1 matters, so the tables are multiplied into that column (the same
+    product, n times less work). Returns None if `max_layers` (default 10 n) do not connect.
+    """
+    check_positive(n=n)
+    max_layers = 10 * n if max_layers is None else max_layers
+    check_positive(max_layers=max_layers)
+    reach = torch.zeros(n, 1)
+    reach[0, 0] = 1.0                              # before any layer, input 1 reaches position 1
+    for L in range(1, max_layers + 1):
+        links = layer_links(L)
+        if links.shape != (n, n):
+            raise ValueError(f"layer_links must give an ({n}, {n}) table, got {tuple(links.shape)}")
+        reach = ((links.float() @ reach) > 0).float()   # True·True = True, True + False = True
+        if reach[n - 1, 0]:                        # output n now depends on input 1
+            return L
+    return None
+
+
+def shortest_route(n: int, layer_links: Callable[[int], torch.Tensor], layers: int) -> list[int]:
+    """One route from input 1 to output n through `layers` stacked layers: a position per level.
+
+    Level 0 is the input; level L is the output of layer L. The route goes forward with the
+    boolean products of the tables (which positions input 1 has reached), then back from
+    output n, each time to a position that was reached and that the layer reads.
+    """
+    check_positive(n=n, layers=layers)
+    reached = [torch.zeros(n, dtype=torch.bool)]
+    reached[0][0] = True                                    # input 1 reaches itself
+    tables = [layer_links(L) for L in range(1, layers + 1)]
+    for links in tables:
+        reached.append((links.float() @ reached[-1].float()) > 0)
+    if not reached[-1][n - 1]:
+        raise ValueError(f"layers must be enough to connect input 1 to output {n}, got {layers}")
+    route = [n - 1]
+    for level in range(layers, 0, -1):                      # from the output back to the input
+        options = torch.nonzero(tables[level - 1][route[-1]] & reached[level - 1]).flatten()
+        route.append(int(options[0]))                       # the earliest position that works
+    return route[::-1]
+
+
+def recurrent_path(n: int) -> int:
+    """Hops from input 1 to output n in a recurrent layer: h_1 → h_2 → … → h_n."""
+    check_positive(n=n)
+    t, hops = 1, 0                                 # x_1 has entered the memory h_1
+    while t < n:
+        t += 1                                     # one step: h_t is computed from h_(t-1)
+        hops += 1
+    return hops
+
+
+def contiguous_offsets(k: int = 3) -> list[int]:
+    """A one-sided kernel of width k: output i reads i, i-1, …, i-k+1."""
+    check_positive(k=k)
+    return [-o for o in range(k)]
+
+
+def dilated_offsets(layer: int, k: int = 3) -> list[int]:
+    """Layer L of a one-sided dilated stack: the k taps k^(L-1) apart (dilation 1, k, k², …)."""
+    check_positive(layer=layer, k=k)
+    return [-o * k ** (layer - 1) for o in range(k)]
+
+
+def centred_offsets(r: int) -> list[int]:
+    """Attention restricted to a neighbourhood of r positions centred on the query (r odd)."""
+    check_positive(r=r)
+    if r % 2 == 0:
+        raise ValueError(f"r must be odd (a window centred on its query), got {r}")
+    return list(range(-(r // 2), r // 2 + 1))
+
+
+@cli_table("Part 3 · Table 1, column 3: layers (or steps) until output n depends on input 1 (k = 3)")
+def path_table(ns: Iterable[int] = (8, 27, 64, 100), k: int = 3, rs: Iterable[int] = (5, 17)) -> pd.DataFrame:
+    """Layers to connect the first and the last position, by boolean products of link tables."""
+    rows = {}
+    for n in ns:
+        check_positive(n=n)
+        everything = torch.ones(n, n, dtype=torch.bool)
+        conv = window_links(n, contiguous_offsets(k))
+        row = {"self-attention": layers_to_connect(n, lambda L: everything),   # every query, every key
+               "recurrent": recurrent_path(n),
+               f"conv k={k}": layers_to_connect(n, lambda L: conv),
+               f"dilated k={k}": layers_to_connect(n, lambda L: window_links(n, dilated_offsets(L, k)))}
+        for r in rs:
+            local = window_links(n, centred_offsets(r))
+            row[f"restricted r={r}"] = layers_to_connect(n, lambda L: local)
+        rows[n] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    return table
+
+
+def contiguous_layers(distance: int, k: int = 3) -> int:
+    """The formula: L contiguous layers reach (k-1)·L positions back, so ⌈distance / (k-1)⌉."""
+    check_positive(distance=distance, k=k)
+    if k < 2:
+        raise ValueError(f"k must be at least 2 to reach another position, got {k}")
+    return -(-distance // (k - 1))
+
+
+def dilated_layers(n: int, k: int = 3) -> int:
+    """The formula: L dilated layers (dilation 1, k, k², …) reach k^L positions, so ⌈log_k n⌉."""
+    check_positive(n=n, k=k)
+    if k < 2:
+        raise ValueError(f"k must be at least 2 to reach another position, got {k}")
+    layers = 0
+    while k ** layers < n:                         # whole numbers: no rounding of a logarithm
+        layers += 1
+    return max(layers, 1)
+
+
+@cli_table("Part 3 · layers a kernel of 3 needs to connect position 1 and position n: tables against formulas")
+def conv_layers_table(ns: Iterable[int] = (10, 27, 100, 512), k: int = 3) -> pd.DataFrame:
+    """Contiguous and dilated layers to connect 1 and n: boolean products and closed formulas."""
+    rows = {}
+    for n in ns:
+        check_positive(n=n)
+        conv = window_links(n, contiguous_offsets(k))
+        rows[n] = {"contiguous": layers_to_connect(n, lambda L: conv),
+                   "contiguous formula": contiguous_layers(n - 1, k),
+                   "dilated": layers_to_connect(n, lambda L: window_links(n, dilated_offsets(L, k))),
+                   "dilated formula": dilated_layers(n, k),
+                   "self-attention": 1,
+                   "recurrent steps": recurrent_path(n)}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    table["equal"] = ((table["contiguous"] == table["contiguous formula"])
+                      & (table["dilated"] == table["dilated formula"]))
+    return table
+
+
+def conv_stack_gradient(n: int, layers: int, dilated: bool = False, k: int = 3, channels: int = 8,
+                        seed: int = 0) -> float:
+    """Method 2: a real stack of random one-sided Conv1d layers. Returns |d out_n / d x_1|.
+
+    Each layer pads on the left only, so output t reads inputs t, t - dil, …, t - (k-1) dil,
+    with dil = k^l in layer l of a dilated stack and 1 otherwise. The sum of the absolute
+    gradients at input 1 is exactly 0 when no path joins it to the last output.
+    """
+    check_positive(n=n, layers=layers, k=k, channels=channels)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, channels, n, generator=g, dtype=torch.float64, requires_grad=True)
+    h = x
+    for layer in range(layers):
+        dilation = k ** layer if dilated else 1
+        w = torch.randn(channels, channels, k, generator=g, dtype=torch.float64) / math.sqrt(channels * k)
+        h = F.pad(h, ((k - 1) * dilation, 0))                   # the past only: nothing from the right
+        h = torch.tanh(F.conv1d(h, w, dilation=dilation))
+    (grad,) = torch.autograd.grad(h[0, :, n - 1].sum(), x)      # the last output, every channel
+    return grad[0, :, 0].abs().sum().item()                     # its dependence on input 1
+
+
+@cli_table("Part 3 · Method 2: real Conv1d stacks (k = 3), n = 27, |d out_27 / d x_1|")
+def conv_stack_table(n: int = 27, k: int = 3, seed: int = 0) -> pd.DataFrame:
+    """The gradient just below and just at the depth the link tables predict."""
+    contiguous, dilated = contiguous_layers(n - 1, k), dilated_layers(n, k)
+    rows = []
+    for stack, layers, is_dilated in [("contiguous", contiguous - 1, False), ("contiguous", contiguous, False),
+                                      ("dilated", dilated - 1, True), ("dilated", dilated, True)]:
+        gradient = conv_stack_gradient(n, layers, is_dilated, k, seed=seed)
+        rows.append({"stack": f"{stack} {layers}", "layers": layers, "gradient": gradient,
+                     "connected": gradient != 0.0})
+    return pd.DataFrame(rows).set_index("stack")
+
+
+def reach_after(dilations: Iterable[int], k: int = 3) -> int:
+    """Method 2 for the reach of a stack: how many inputs the last output depends on.
+
+    Follows the set of inputs that a stack of one-sided kernels of width k reads, layer by
+    layer (shift and OR on a boolean line). It equals the formula 1 + (k-1) Σ dilations when
+    the taps leave no gaps, as with dilations 1, 1, 1, … or 1, 2, 4, … or 1, k, k², ….
+    """
+    check_positive(k=k)
+    dilations = [int(dl) for dl in dilations]
+    for dl in dilations:
+        check_positive(dilation=dl)
+    span = 1 + (k - 1) * sum(dilations)            # a line long enough to hold the whole reach
+    seen = torch.zeros(span, dtype=torch.bool)
+    seen[-1] = True                                # the last output reads itself
+    for dl in dilations:                           # each layer: everything it read, shifted by taps
+        shifted = seen.clone()
+        for tap in range(1, k):
+            shifted[:-tap * dl] |= seen[tap * dl:]
+        seen = shifted
+    return int(seen.sum())
+
+
+def reach_formula(layers: int, k: int = 3, doubling: bool = False) -> int:
+    """Positions L layers of width k reach: 1 + (k-1)·L, or 1 + (k-1)(2^L - 1) if gaps double."""
+    check_positive(layers=layers, k=k)
+    dilation_sum = 2 ** layers - 1 if doubling else layers      # 1 + 2 + … + 2^(L-1), or L ones
+    return 1 + (k - 1) * dilation_sum
+
+
+def layers_to_cover(context: int, k: int = 3, doubling: bool = False) -> int:
+    """The fewest layers whose reach covers `context` positions."""
+    check_positive(context=context, k=k)
+    if k < 2 and context > 1:
+        raise ValueError(f"k must be at least 2 to reach another position, got {k}")
+    layers = 1
+    while reach_formula(layers, k, doubling) < context:
+        layers += 1
+    return layers
+
+def load_encoder(name_or_dir: str | Path | None = None):
+    """The real trained all-MiniLM-L6-v2 encoder from installed files, with attention weights.
+
+    "eager" attention computes the weights as a tensor, so that the model can return them.
+    """
+    import transformers
+    from transformers import AutoModel
+
+    transformers.utils.logging.disable_progress_bar()          # no loading bar on the page
+    model = AutoModel.from_pretrained(str(name_or_dir or minilm_dir()), attn_implementation="eager")
+    return model.eval()
+
+
+def attention_maps(model, tokenizer, text: str) -> tuple[list[str], torch.Tensor]:
+    """The word-pieces of `text` and the model's attention weights, (layers, heads, n, n).
+
+    Row i of a map holds the weights that query i puts on each key: they sum to 1.
+    """
+    encoded = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**encoded, output_attentions=True)
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    return tokens, torch.stack(out.attentions)[:, 0]          # drop the batch of one
+
+
+def fixed_weights(n: int, position: int, k: int = 3) -> torch.Tensor:
+    """The weights a centred kernel of width k puts on n positions around `position`: 1/k each."""
+    check_positive(n=n, k=k)
+    if not 0 <= position < n:
+        raise ValueError(f"position must be in 0 … {n - 1}, got {position}")
+    weights = window_links(n, centred_offsets(k))[position].double()   # the k taps that exist
+    return weights / k                                                  # the same weight each
+
+
+def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False) -> float:
+    """Shuffle the rows of x: do the outputs of self-attention shuffle the same way?
+
+    Returns max |layer(x[perm]) - layer(x)[perm]|: at rounding level when attention cannot
+    see order. With `positions`, sinusoidal position vectors are added to x first, as in the
+    Transformer, and the difference is large.
+    """
+    check_positive(n=n, d=d)
+    Wq, Wk, Wv = random_weights(3, d, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(n, d, generator=g)
+    perm = torch.randperm(n, generator=g)
+    add = sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # position i goes with slot i
+    shuffled = self_attention_layer(x[perm] + add, Wq, Wk, Wv)
+    original = self_attention_layer(x + add, Wq, Wk, Wv)[perm]
+    return (shuffled - original).abs().max().item()
+
+
+def sinusoid_positions(n: int, d: int) -> torch.Tensor:
+    """The Transformer's position vectors: sin and cos of position / 10000^(2i/d)."""
+    check_positive(n=n, d=d)
+    if d % 2:
+        raise ValueError(f"d must be even (sin and cos pairs), got {d}")
+    position = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    frequency = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    table = torch.zeros(n, d)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table
+
+
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 4 · 04_gradients
 # ═══════════════════════════════════════════════════════════════════════════════════════════
+
+def jacobian_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """|d fn(x) / d x_i| for every row i of x: the Frobenius norm of each block of the Jacobian.
+
+    fn maps x, (n, d), to one output vector. Each block (output numbers × the d numbers of
+    x_i) says how strongly the output moves when x_i moves.
+    """
+    from torch.func import jacrev
+
+    if x.dim() != 2:
+        raise ValueError(f"x must be an (n, d) tensor, got shape {tuple(x.shape)}")
+    jacobian = jacrev(fn)(x)                                  # (outputs, n, d)
+    return jacobian.pow(2).sum(dim=(0, 2)).sqrt()             # one norm per input position
+
+
+def gradient_by_distance(n: int = 50, d: int = 64, seeds: int = 20) -> pd.DataFrame:
+    """|d out_n / d x_i| for a tanh RNN and one self-attention layer, mean over random networks.
+
+    Network s draws its weights (scaled 1/√d) and its inputs from seed s. Every network
+    of one batch is differentiated at once (vmap), with one thread: two runs give the
+    same numbers.
+    """
+    from torch.func import jacrev, vmap
+
+    check_positive(n=n, d=d, seeds=seeds)
+    weights, inputs = [], []
+    for seed in range(seeds):
+        weights.append(torch.stack(random_weights(5, d, seed)))      # Wq, Wk, Wv, W, U
+        inputs.append(torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed)))
+    weights, inputs = torch.stack(weights), torch.stack(inputs)
+
+    def rnn_last(x, w):
+        return recurrent_layer(x, w[3], w[4])                        # h_n, the last output
+
+    def attention_last(x, w):
+        return self_attention_layer(x, w[0], w[1], w[2])[-1]         # output row n
+
+    norms = {}
+    for name, fn in [("RNN", rnn_last), ("self-attention", attention_last)]:
+        jacobians = vmap(jacrev(fn))(inputs, weights)                # (seeds, d, n, d)
+        norms[name] = jacobians.pow(2).sum(dim=(1, 3)).sqrt().mean(dim=0)
+    table = pd.DataFrame({name: values.double().numpy() for name, values in norms.items()})
+    table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
+    table.insert(0, "input i", range(1, n + 1))
+    return table.sort_index()
+
+
+@cli_table("Part 4 · |d out_50 / d x_i| against distance (random weights, d = 64, n = 50), mean of 20")
+def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
+                   rows: Iterable[int] = (49, 40, 30, 20, 10, 5, 1, 0)) -> pd.DataFrame:
+    """A few rows of gradient_by_distance, as the seed article prints them."""
+    return gradient_by_distance(n, d, seeds).loc[list(rows)]
+
+
+def orders_of_magnitude(values: Iterable[float]) -> float:
+    """log10 of the largest value over the smallest: how many powers of ten the values span."""
+    values = torch.as_tensor(list(values), dtype=torch.float64)
+    if values.numel() == 0 or not bool((values > 0).all()):
+        raise ValueError("values must be positive numbers, at least one")
+    return math.log10(values.max().item() / values.min().item())
+
+
+def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
+    """Least-squares slope of log10(y) against x: powers of ten gained per unit of x."""
+    x = torch.as_tensor(list(x), dtype=torch.float64)
+    y = torch.as_tensor(list(y), dtype=torch.float64)
+    if x.numel() < 2 or x.shape != y.shape or not bool((y > 0).all()):
+        raise ValueError("x and y must be two equal lists of at least two points, y positive")
+    dx, dy = x - x.mean(), y.log10() - y.log10().mean()
+    return ((dx * dy).sum() / dx.pow(2).sum()).item()       # covariance over variance
+
+
+def survival(keep: float, steps: int) -> float:
+    """What is left of a signal after `steps` steps that each keep a share `keep` of it."""
+    if not 0 < keep <= 1:
+        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
+    return keep ** steps                        # one factor `keep` per step
+
+
+def chain_gradient(keep: float, steps: int) -> float:
+    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns d h_last / d x_first.
+
+    `steps` steps separate the first input from the last memory.
+    """
+    if not 0 < keep <= 1:
+        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
+    check_positive(steps=steps)
+    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)
+    h = x[0]
+    for t in range(1, steps + 1):
+        h = keep * h + x[t]                      # one step keeps a share of what came in
+    (grad,) = torch.autograd.grad(h, x)
+    return grad[0].item()
+
+
+@cli_table("Part 4 · what a step that keeps 0.98 leaves of a signal: the power and autograd")
+def survival_table(keep: float = 0.98, steps: Iterable[int] = (1, 10, 100, 511, 1000)) -> pd.DataFrame:
+    """keep ** steps against the gradient of a real chain of that many steps."""
+    rows = {s: {"keep ** steps": survival(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "steps"
+    table["relative difference"] = (table["autograd"] / table["keep ** steps"] - 1).abs()
+    return table
+
+
+def encoder_gradients(model, tokenizer, text: str, probes: int = 32, seed: int = 0) -> pd.DataFrame:
+    """|d out_last / d x_i| in the real encoder, for every word-piece i of `text`.
+
+    out_last is the encoder's final vector at the last word-piece before [SEP]; x_i is the
+    word-piece vector that enters the model at position i (the model adds its position).
+    The Frobenius norm of each Jacobian block is estimated from `probes` random directions v:
+    the mean of |vᵀ J_i|² is |J_i|² (seeded, so two runs agree).
+    """
+    check_positive(probes=probes)
+    encoded = tokenizer(text, return_tensors="pt")
+    ids = encoded["input_ids"]
+    x = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    out = model(inputs_embeds=x, attention_mask=encoded["attention_mask"]).last_hidden_state[0]
+    last = ids.shape[1] - 2                                   # the position just before [SEP]
+    g = torch.Generator().manual_seed(seed)
+    squares = torch.zeros(ids.shape[1], dtype=torch.float64)
+    for _ in range(probes):
+        v = torch.randn(out.shape[1], generator=g)
+        (grad,) = torch.autograd.grad(out[last] @ v, x, retain_graph=True)
+        squares += grad[0].double().pow(2).sum(dim=-1) / probes
+    tokens = tokenizer.convert_ids_to_tokens(ids[0])
+    table = pd.DataFrame({"token": tokens, "distance": [last - i for i in range(len(tokens))],
+                          "gradient": squares.sqrt().numpy()})
+    table.index.name = "position"
+    return table
+
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 5 · 05_restricted_attention
@@ -505,6 +1118,11 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
+def _cli_float(x: float) -> str:
+    """A float for the command line: 3 decimals, or 3 significant digits when it is tiny."""
+    return f"{x:,.3f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.3e}"
+
+
 def main() -> None:
     """Print every registered table of the book, plain text, in the order of the parts."""
     pd.set_option("display.width", 140)
@@ -512,7 +1130,7 @@ def main() -> None:
     for title, make in TABLES:
         print(f"\n== {title}")
         table = make()
-        print(table.to_string(float_format=lambda x: f"{x:,.3f}",
+        print(table.to_string(float_format=_cli_float,
                               formatters={c: "{:,}".format for c in table.columns
                                           if pd.api.types.is_integer_dtype(table[c])}))
 
