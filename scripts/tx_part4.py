@@ -104,7 +104,7 @@ def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if _in_notebook():
         _glue(key, value, kind, tol)
-    print(f"{key} = {fmt.format(value)}")
+    print(f"{key} = {value if isinstance(value, bool) else fmt.format(value)}")   # "{:,}" makes True 1
     return value
 
 
@@ -500,6 +500,7 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # Part 7 · 07_state_space_hybrids
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+import contextlib
 from dataclasses import replace
 from typing import Sequence
 
@@ -762,7 +763,8 @@ def tiny_mamba(seed: int = 0, layers: int = 2, hidden: int = 32, state: int = 16
     torch.manual_seed(seed)
     config = MambaConfig(vocab_size=128, hidden_size=hidden, state_size=state, num_hidden_layers=layers,
                          expand=2, conv_kernel=4)
-    return MambaForCausalLM(config).eval()
+    with _quiet_transformers():
+        return MambaForCausalLM(config).eval()
 
 
 def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32, state: int = 16):
@@ -775,9 +777,22 @@ def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32, state: int = 16
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
                          expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
-                         mamba_d_state=state, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
-                         use_mamba_kernels=False)
-    return JambaForCausalLM(config).eval()
+                         mamba_d_state=state, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)
+    with _quiet_transformers():
+        return JambaForCausalLM(config).eval()
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Hide transformers' notes that Mamba runs its slow reference path on CPU: expected here."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def prompt_cache(model, n: int, seed: int = 0):
@@ -785,7 +800,7 @@ def prompt_cache(model, n: int, seed: int = 0):
     check_positive(n=n)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g)
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_transformers():
         return model(ids, use_cache=True).cache
 
 
