@@ -104,7 +104,7 @@ def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if _in_notebook():
         _glue(key, value, kind, tol)
-    print(f"{key} = {fmt.format(value)}")
+    print(f"{key} = {value if isinstance(value, bool) else fmt.format(value)}")   # "{:,}" makes True 1
     return value
 
 
@@ -1112,6 +1112,381 @@ def encoder_gradients(model, tokenizer, text: str, probes: int = 32, seed: int =
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 7 · 07_state_space_hybrids
 # ═══════════════════════════════════════════════════════════════════════════════════════════
+
+import contextlib
+from dataclasses import replace
+from typing import Sequence
+
+import torch.utils._python_dispatch
+
+
+def running_summary(inputs: Sequence[float], keep: float | Sequence[float]) -> list[float]:
+    """A one-number running summary s_t = keep_t · s_(t-1) + x_t; returns s after every step.
+
+    `keep` is one rate for every step, or one rate per step (a rate the content chooses).
+    """
+    rates = [keep] * len(inputs) if isinstance(keep, numbers.Real) else list(keep)
+    if len(rates) != len(inputs):
+        raise ValueError(f"keep must be one number or one per input, got {len(rates)} for {len(inputs)}")
+    if any(not 0 <= rate <= 1 for rate in rates):
+        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
+    summary, history = 0.0, []
+    for x, rate in zip(inputs, rates):
+        summary = rate * summary + x      # shrink what is held, then add what the token brings
+        history.append(summary)
+    return history
+
+
+def weight_left(keep: float, steps: int) -> float:
+    """What is left of a value after `steps` shrinkings by `keep`: keep ** steps (Method 1)."""
+    if not 0 <= keep <= 1:
+        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
+    return keep ** steps
+
+
+def weight_of_first(keep: float | Sequence[float], n: int) -> float:
+    """Method 2: feed 1 at the first of n tokens and 0 after it; read the summary after token n."""
+    check_positive(n=n)
+    return running_summary([1.0] + [0.0] * (n - 1), keep)[-1]
+
+
+def content_rates(kinds: Sequence[str], keep: float = 0.9, hold: float = 0.999) -> list[float]:
+    """The rate each token chooses from its content: `hold` while filler passes, `keep` otherwise."""
+    if not (0 <= keep <= 1 and 0 <= hold <= 1):
+        raise ValueError(f"keep and hold must lie between 0 and 1, got {keep!r} and {hold!r}")
+    return [hold if kind == "filler" else keep for kind in kinds]
+
+
+def decode_work_attention(n: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
+    check_positive(n=n)
+    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
+    mix = n * model.width        # the weighted sum of n value vectors of width numbers
+    return 2 * (scores + mix) * model.layers
+
+
+def decode_work_state_space(model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs a state-space layer spends on one new token, all layers: the same at every length."""
+    numbers_held = model.width * model.state_per_channel   # state numbers of one layer
+    update = numbers_held        # s ← a ⊙ s + u: one multiply-add a state number
+    readout = numbers_held       # y = Σ c ⊙ s: one multiply-add a state number
+    return 2 * (update + readout) * model.layers
+
+
+def attention_step(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One decode step of one attention layer: q (heads, 1, h) against the cache (heads, n, h)."""
+    scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])   # (heads, 1, n)
+    return torch.softmax(scores, dim=-1) @ values                 # (heads, 1, h)
+
+
+def state_space_step(state: torch.Tensor, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor):
+    """One decode step of one state-space layer: every tensor (width, state); returns (state, y)."""
+    state = a * state + u               # shrink each state number, add the new token's part
+    return state, (c * state).sum(-1)   # read one number out of each channel
+
+
+class _ElementwiseCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Count multiplications and additions done elementwise (FlopCounterMode skips them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.operations = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in ("mul", "add"):
+            self.operations += out.numel()        # one operation for each number it writes
+        elif name == "sum":
+            self.operations += args[0].numel()    # accumulate every number into a zero: one add each
+        return out
+
+
+def count_elementwise(fn: Callable, *args) -> int:
+    """Elementwise multiplications and additions that fn(*args) does (sums count one add a number)."""
+    with torch.no_grad(), _ElementwiseCounter() as counter:
+        fn(*args)
+    return counter.operations
+
+
+def attention_memory(n: int, model: ExampleModel = ExampleModel(), window: int | None = None) -> int:
+    """Bytes of keys and values that every layer keeps for n tokens (at most `window` tokens)."""
+    check_positive(n=n)
+    if window is not None:
+        check_positive(window=window)
+    kept = n if window is None else min(n, window)   # a window forgets what slid out of it
+    per_token = 2 * model.kv_heads * model.head_size * model.bytes_per_number   # a key and a value
+    return model.layers * per_token * kept
+
+
+def state_memory(model: ExampleModel = ExampleModel(), layers: int | None = None) -> int:
+    """Bytes a state-space model keeps: state_per_channel numbers for each channel, in each layer."""
+    layers = model.layers if layers is None else layers
+    check_positive(layers=layers)
+    return layers * model.width * model.state_per_channel * model.bytes_per_number
+
+
+def hybrid_memory(n: int, model: ExampleModel = ExampleModel(), attention_layers: int = 3) -> int:
+    """Bytes of a hybrid: `attention_layers` keep every key and value, the rest keep a state."""
+    check_positive(n=n, attention_layers=attention_layers)
+    if attention_layers > model.layers:
+        raise ValueError(f"attention_layers must be at most {model.layers}, got {attention_layers}")
+    attention = attention_memory(n, replace(model, layers=attention_layers))   # grows with n
+    rest = model.layers - attention_layers
+    summaries = state_memory(model, rest) if rest else 0                        # fixed
+    return attention + summaries
+
+
+@cli_table("Part 7 · the example model at 32,768 tokens: memory of three designs and a hybrid")
+def memory_table(n: int = 32_768, model: ExampleModel = ExampleModel(), window: int = 1024,
+                 attention_layers: int = 3) -> pd.DataFrame:
+    """Bytes (and MiB) that each design keeps for one conversation of n tokens."""
+    rows = {
+        "attention over everything": attention_memory(n, model),
+        f"window of {window:,}": attention_memory(n, model, window),
+        "running summary": state_memory(model),
+        f"hybrid, attention in {attention_layers} of {model.layers}": hybrid_memory(n, model,
+                                                                                   attention_layers),
+    }
+    table = pd.DataFrame({"bytes": rows})
+    table.index.name = "design"
+    table["MiB"] = table["bytes"] / MIB
+    return table
+
+
+def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another (h_0 = 0)."""
+    _check_scan_inputs(a, b)
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
+        h = a[..., t] * h + b[..., t]
+        out.append(h)
+    return torch.stack(out, dim=-1)
+
+
+def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same h_t with two prefix sums in log space (Heinsen 2023): no step waits for another.
+
+    h_t = P_t · Σ_(k≤t) b_k / P_k with P_t = a_1 ⋯ a_t. In logs: log h_t = log P_t +
+    logcumsumexp(log b_k − log P_k). A complex logarithm carries the sign of a negative b.
+    """
+    _check_scan_inputs(a, b)
+    log_p = torch.cumsum(torch.log(a), dim=-1)                           # log P_t, a prefix sum
+    log_b = torch.log(b.to(torch.complex128 if b.dtype == torch.float64 else torch.complex64))
+    log_h = log_p + torch.logcumsumexp(log_b - log_p, dim=-1)            # the second prefix sum
+    return torch.exp(log_h).real.to(b.dtype)
+
+
+def _combine(left, right):
+    """Two steps h ↦ a h + b composed: first `left`, then `right`."""
+    a1, b1 = left
+    a2, b2 = right
+    return a1 * a2, a2 * b1 + b2
+
+
+def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same h_t with PyTorch's associative scan: steps composed pairwise, in log₂ n rounds."""
+    from torch._higher_order_ops import associative_scan
+
+    _check_scan_inputs(a, b)
+    return associative_scan(_combine, (a, b), dim=a.dim() - 1, combine_mode="generic")[1]
+
+
+def scan_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same formula without logs: P_t = exp(cumsum(log a)) underflows, so b / P_t overflows."""
+    _check_scan_inputs(a, b)
+    p = torch.exp(torch.cumsum(torch.log(a), dim=-1))   # a_1 ⋯ a_t: shrinks towards 0
+    return p * torch.cumsum(b / p, dim=-1)              # b / P_t: grows without bound
+
+
+def _check_scan_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
+    """a and b of one shape, rates a in (0, 1]."""
+    if a.shape != b.shape or a.dim() < 1 or a.shape[-1] < 1:
+        raise ValueError(f"a and b must have one shape with a last dimension ≥ 1, got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if not bool(((a > 0) & (a <= 1)).all()):
+        raise ValueError("a must lie in (0, 1]: a rate of forgetting")
+
+
+def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
+    """The first length at which scan_naive breaks for a constant rate `keep` and b = 1.
+
+    Its running total Σ_(k≤t) 1 / keep^k = (keep^−t − 1) / (1 − keep) passes the largest number
+    of `dtype` there; in logs, −t log keep − log(1 − keep) > log max.
+    """
+    if not 0 < keep < 1:
+        raise ValueError(f"keep must lie strictly between 0 and 1, got {keep!r}")
+    return math.floor((math.log(torch.finfo(dtype).max) + math.log(1 - keep)) / -math.log(keep)) + 1
+
+
+def _scan_graph_depth(output: torch.Tensor) -> int:
+    """The longest chain of autograd nodes behind `output`: iterative, memoized (Part 7's own)."""
+    if output.grad_fn is None:
+        raise ValueError("output must come from tensors that require grad")
+    depth: dict = {}
+    stack = [(output.grad_fn, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if node in depth:
+            continue
+        children = [child for child, _ in node.next_functions if child is not None]
+        if children_done:
+            depth[node] = 1 + max((depth[child] for child in children), default=0)
+        else:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if child not in depth)
+    return depth[output.grad_fn]
+
+
+def selective_inputs(n: int, channels: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rates and inputs that tokens choose: a = exp(−Δ), b = Δ·x with Δ = softplus(x) (float64)."""
+    check_positive(n=n, channels=channels)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(channels, n, generator=g, dtype=torch.float64)
+    delta = F.softplus(x - 1.0)            # each token sets its own step: large Δ forgets fast
+    return torch.exp(-delta), delta * x
+
+
+@cli_table("Part 7 · a selective scan: loop against two parallel scans (float64, 16 channels)")
+def scan_table(ns: Iterable[int] = (16, 64, 256, 1024), channels: int = 16, seed: int = 0) -> pd.DataFrame:
+    """For each length: the largest difference from the loop, and the autograd depth of each way."""
+    rows = {}
+    for n in ns:
+        a, b = (t.requires_grad_() for t in selective_inputs(n, channels, seed))
+        loop, log_space, assoc = scan_loop(a, b), scan_log_space(a, b), scan_associative(a, b)
+        rows[n] = {
+            "loop depth": _scan_graph_depth(loop),
+            "log-space depth": _scan_graph_depth(log_space),
+            "associative depth": _scan_graph_depth(assoc),
+            "log-space max diff": (log_space - loop).abs().max().item(),
+            "associative max diff": (assoc - loop).abs().max().item(),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    return table
+
+
+def tiny_mamba(seed: int = 0, layers: int = 2, hidden: int = 32, state: int = 16):
+    """A small MambaForCausalLM from a config: random weights, nothing downloaded."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    check_positive(layers=layers, hidden=hidden, state=state)
+    torch.manual_seed(seed)
+    config = MambaConfig(vocab_size=128, hidden_size=hidden, state_size=state, num_hidden_layers=layers,
+                         expand=2, conv_kernel=4)
+    with _quiet_transformers():
+        return MambaForCausalLM(config).eval()
+
+
+def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32, state: int = 16):
+    """A small Jamba hybrid from a config: attention in layer 2 of every 4, Mamba elsewhere."""
+    from transformers import JambaConfig, JambaForCausalLM
+
+    check_positive(layers=layers, hidden=hidden, state=state)
+    torch.manual_seed(seed)
+    config = JambaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
+                         expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
+                         mamba_d_state=state, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)
+    with _quiet_transformers():
+        return JambaForCausalLM(config).eval()
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Hide transformers' notes that Mamba runs its slow reference path on CPU: expected here."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def prompt_cache(model, n: int, seed: int = 0):
+    """Run one prompt of n random tokens through `model`; return the cache it keeps."""
+    check_positive(n=n)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g)
+    with torch.no_grad(), _quiet_transformers():
+        return model(ids, use_cache=True).cache
+
+
+def _tensors_bytes(tensors) -> int:
+    """Bytes the tensors hold: numel × element_size each."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def cache_layer_bytes(cache) -> list[tuple[str, int]]:
+    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors."""
+    rows = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
+            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
+            rows.append(("mamba", _tensors_bytes(held)))
+        else:                                        # an attention layer: every key and value
+            rows.append(("attention", _tensors_bytes([layer.keys, layer.values])))
+    return rows
+
+
+def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
+    """Bytes of one Mamba layer's cache from its config: a window and a state per inner channel."""
+    check_positive(batch=batch, element_size=element_size)
+    if hasattr(config, "mamba_d_state"):             # Jamba names the same sizes with mamba_
+        inner = config.mamba_expand * config.hidden_size
+        window, state = config.mamba_d_conv, config.mamba_d_state
+    else:
+        inner, window, state = config.intermediate_size, config.conv_kernel, config.state_size
+    return batch * inner * (window + state) * element_size   # the last `window` inputs + the state
+
+
+def attention_layer_formula(config, n: int, batch: int = 1, element_size: int = 4) -> int:
+    """Bytes of one attention layer's cache after n tokens: a key and a value per token per kv head."""
+    check_positive(n=n, batch=batch, element_size=element_size)
+    head_size = config.hidden_size // config.num_attention_heads
+    return 2 * batch * config.num_key_value_heads * n * head_size * element_size
+
+
+def real_cache_table(model, ns: Iterable[int] = (16, 64, 256), seed: int = 0) -> pd.DataFrame:
+    """Measured cache bytes of a real model, by kind of layer, against the formulas, per prompt."""
+    size = torch.empty((), dtype=model.dtype).element_size()   # bytes a number, from the weights
+    rows = {}
+    for n in ns:
+        measured = cache_layer_bytes(prompt_cache(model, n, seed))
+        row = {}
+        for kind in ("mamba", "attention"):
+            count = sum(1 for k, _ in measured if k == kind)
+            if not count:
+                continue
+            row[f"{kind} layers"] = count
+            row[f"{kind} measured"] = sum(b for k, b in measured if k == kind)
+            one = (mamba_layer_formula(model.config, element_size=size) if kind == "mamba"
+                   else attention_layer_formula(model.config, n, element_size=size))
+            row[f"{kind} formula"] = count * one
+        rows[n] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "prompt tokens"
+    table["equal"] = [all(table.loc[n, f"{k} measured"] == table.loc[n, f"{k} formula"]
+                          for k in ("mamba", "attention") if f"{k} measured" in table)
+                      for n in table.index]
+    return table
+
+
+@cli_table("Part 7 · a real Mamba cache (tiny, random weights): bytes against the formula")
+def _mamba_cache_table() -> pd.DataFrame:
+    """The Mamba cache table of the notebook, for the command line."""
+    return real_cache_table(tiny_mamba())
+
+
+@cli_table("Part 7 · a real Jamba cache (tiny hybrid, random weights): bytes against the formulas")
+def _jamba_cache_table() -> pd.DataFrame:
+    """The Jamba cache table of the notebook, for the command line."""
+    return real_cache_table(tiny_jamba())
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Command line: print every table of the book
