@@ -6,12 +6,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pins
 
-# Offline and reproducible: no hub downloads, fixed hashing, plots without a screen.
+# Offline and reproducible: no hub downloads, fixed hashing. (No MPLBACKEND here: a kernel given
+# MPLBACKEND=Agg shows no figure, and matplotlib picks Agg by itself where there is no screen.)
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
