@@ -559,7 +559,8 @@ def write_ledger() -> None:
 def html() -> None:
     """Render the site from the executed cache: warnings and broken references are errors."""
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
-               "--builder", "html", "-W", "-n", "--keep-going"]
+               "--builder", "html", "-W", "-n", "--keep-going",
+               "--all"]   # re-read every page: a page whose .md is unchanged still has new outputs
     print("$ jupyter-book", " ".join(command[1:]))
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     warnings = [line for line in (done.stdout + done.stderr).splitlines()
