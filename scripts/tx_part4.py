@@ -1525,9 +1525,14 @@ def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
     return net.to(DTYPES[model.bytes_per_number]).eval()
 
 
+def tensor_bytes(tensors) -> int:
+    """Bytes the tensors hold: numel × element_size each (None entries count nothing)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
 def measured_cache_bytes(cache) -> int:
     """Bytes of a transformers cache, summed over its real tensors (never from get_seq_length())."""
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    return sum(tensor_bytes((layer.keys, layer.values)) for layer in cache.layers)
 
 
 def cached_tokens(cache) -> int:
@@ -1743,16 +1748,6 @@ def count_elementwise(fn: Callable, *args) -> int:
     return counter.operations
 
 
-def attention_memory(n: int, model: ExampleModel = ExampleModel(), window: int | None = None) -> int:
-    """Bytes of keys and values that every layer keeps for n tokens (at most `window` tokens)."""
-    check_positive(n=n)
-    if window is not None:
-        check_positive(window=window)
-    kept = n if window is None else min(n, window)   # a window forgets what slid out of it
-    per_token = 2 * model.kv_heads * model.head_size * model.bytes_per_number   # a key and a value
-    return model.layers * per_token * kept
-
-
 def state_memory(model: ExampleModel = ExampleModel(), layers: int | None = None) -> int:
     """Bytes a state-space model keeps: state_per_channel numbers for each channel, in each layer."""
     layers = model.layers if layers is None else layers
@@ -1765,7 +1760,7 @@ def hybrid_memory(n: int, model: ExampleModel = ExampleModel(), attention_layers
     check_positive(n=n, attention_layers=attention_layers)
     if attention_layers > model.layers:
         raise ValueError(f"attention_layers must be at most {model.layers}, got {attention_layers}")
-    attention = attention_memory(n, replace(model, layers=attention_layers))   # grows with n
+    attention = kv_cache_bytes(n, replace(model, layers=attention_layers))   # grows with n
     rest = model.layers - attention_layers
     summaries = state_memory(model, rest) if rest else 0                        # fixed
     return attention + summaries
@@ -1776,8 +1771,8 @@ def memory_table(n: int = 32_768, model: ExampleModel = ExampleModel(), window: 
                  attention_layers: int = 3) -> pd.DataFrame:
     """Bytes (and MiB) that each design keeps for one conversation of n tokens."""
     rows = {
-        "attention over everything": attention_memory(n, model),
-        f"window of {window:,}": attention_memory(n, model, window),
+        "attention over everything": kv_cache_bytes(n, model),
+        f"window of {window:,}": kv_cache_bytes(n, model, window),
         "running summary": state_memory(model),
         f"hybrid, attention in {attention_layers} of {model.layers}": hybrid_memory(n, model,
                                                                                    attention_layers),
@@ -1853,25 +1848,6 @@ def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
     return math.floor((math.log(torch.finfo(dtype).max) + math.log(1 - keep)) / -math.log(keep)) + 1
 
 
-def _scan_graph_depth(output: torch.Tensor) -> int:
-    """The longest chain of autograd nodes behind `output`: iterative, memoized (Part 7's own)."""
-    if output.grad_fn is None:
-        raise ValueError("output must come from tensors that require grad")
-    depth: dict = {}
-    stack = [(output.grad_fn, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if node in depth:
-            continue
-        children = [child for child, _ in node.next_functions if child is not None]
-        if children_done:
-            depth[node] = 1 + max((depth[child] for child in children), default=0)
-        else:
-            stack.append((node, True))
-            stack.extend((child, False) for child in children if child not in depth)
-    return depth[output.grad_fn]
-
-
 def selective_inputs(n: int, channels: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Rates and inputs that tokens choose: a = exp(−Δ), b = Δ·x with Δ = softplus(x) (float64)."""
     check_positive(n=n, channels=channels)
@@ -1889,9 +1865,9 @@ def scan_table(ns: Iterable[int] = (16, 64, 256, 1024), channels: int = 16, seed
         a, b = (t.requires_grad_() for t in selective_inputs(n, channels, seed))
         loop, log_space, assoc = scan_loop(a, b), scan_log_space(a, b), scan_associative(a, b)
         rows[n] = {
-            "loop depth": _scan_graph_depth(loop),
-            "log-space depth": _scan_graph_depth(log_space),
-            "associative depth": _scan_graph_depth(assoc),
+            "loop depth": graph_depth(loop),
+            "log-space depth": graph_depth(log_space),
+            "associative depth": graph_depth(assoc),
             "log-space max diff": (log_space - loop).abs().max().item(),
             "associative max diff": (assoc - loop).abs().max().item(),
         }
@@ -1949,20 +1925,15 @@ def prompt_cache(model, n: int, seed: int = 0):
         return model(ids, use_cache=True).cache
 
 
-def _tensors_bytes(tensors) -> int:
-    """Bytes the tensors hold: numel × element_size each."""
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
 def cache_layer_bytes(cache) -> list[tuple[str, int]]:
     """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors."""
     rows = []
     for layer in cache.layers:
         if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
             held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
-            rows.append(("mamba", _tensors_bytes(held)))
+            rows.append(("mamba", tensor_bytes(held)))
         else:                                        # an attention layer: every key and value
-            rows.append(("attention", _tensors_bytes([layer.keys, layer.values])))
+            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
     return rows
 
 

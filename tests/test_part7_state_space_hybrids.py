@@ -67,21 +67,21 @@ def test_count_elementwise_brute_force():
 
 @pytest.mark.parametrize("model", SMALL_MODELS + [tx.ExampleModel(kv_heads=4)])
 @pytest.mark.parametrize("n", (1, 5, 33))
-def test_attention_memory_matches_a_real_dynamic_cache(model, n):
+def test_kv_cache_bytes_match_a_real_dynamic_cache(model, n):
     cache = DynamicCache()
     for layer in range(model.layers):
         k, v = torch.randn(2, 1, model.kv_heads, n, model.head_size, dtype=torch.float16)
         cache.update(k, v, layer)
     measured = sum(b for _, b in tx.cache_layer_bytes(cache))
-    assert measured == tx.attention_memory(n, model)
+    assert measured == tx.kv_cache_bytes(n, model)
 
 
 @pytest.mark.parametrize("window", (1, 4, 16))
-def test_attention_memory_window_stops_growing(window):
+def test_kv_cache_bytes_window_stops_growing(window):
     model = SMALL_MODELS[1]
-    sizes = [tx.attention_memory(n, model, window) for n in range(1, 40)]
+    sizes = [tx.kv_cache_bytes(n, model, window) for n in range(1, 40)]
     assert sizes[window - 1:] == [sizes[window - 1]] * (40 - window)
-    assert sizes[:window] == [tx.attention_memory(n, model) for n in range(1, window + 1)]
+    assert sizes[:window] == [tx.kv_cache_bytes(n, model) for n in range(1, window + 1)]
 
 
 @pytest.mark.parametrize("model", SMALL_MODELS + [tx.ExampleModel()])
@@ -95,7 +95,7 @@ def test_state_memory_matches_real_tensors(model):
 @pytest.mark.parametrize("n", (1, 1000, 32_768))
 def test_hybrid_memory_layer_by_layer(attention_layers, n):
     model = tx.ExampleModel()
-    per_layer = [tx.attention_memory(n, model) // model.layers if i < attention_layers
+    per_layer = [tx.kv_cache_bytes(n, model) // model.layers if i < attention_layers
                  else tx.state_memory(model) // model.layers for i in range(model.layers)]
     assert tx.hybrid_memory(n, model, attention_layers) == sum(per_layer)
 
@@ -130,7 +130,7 @@ def test_graph_depth_loop_grows_scans_do_not():
     depths = {}
     for n in (8, 16, 32, 64):
         a, b = (t.requires_grad_() for t in tx.selective_inputs(n, 2))
-        depths[n] = [tx._scan_graph_depth(f(a, b))
+        depths[n] = [tx.graph_depth(f(a, b))
                      for f in (tx.scan_loop, tx.scan_log_space, tx.scan_associative)]
     loop = [depths[n][0] for n in depths]
     assert [b - a for a, b in zip(loop, loop[1:])] == [2 * 8, 2 * 16, 2 * 32]   # 2 links a step
@@ -145,7 +145,7 @@ def test_graph_depth_is_iterative_past_the_recursion_limit():
     y = x
     for _ in range(5000):
         y = y * 1.0
-    assert tx._scan_graph_depth(y) == 5001       # 5,000 MulBackward nodes and the leaf's AccumulateGrad
+    assert tx.graph_depth(y) == 5001       # 5,000 MulBackward nodes and the leaf's AccumulateGrad
 
 
 @pytest.mark.parametrize("keep", (0.5, 0.9, 0.99))
@@ -185,8 +185,7 @@ def test_real_jamba_cache_grows_only_in_attention():
     (lambda: tx.weight_of_first(0.9, 0), "n"),
     (lambda: tx.content_rates(["filler"], hold=1.2), "hold"),
     (lambda: tx.decode_work_attention(0), "n"),
-    (lambda: tx.attention_memory(10, window=0), "window"),
-    (lambda: tx.attention_memory(0), "n"),
+    (lambda: tx.kv_cache_bytes(10, window=0), "window"),
     (lambda: tx.state_memory(layers=0), "layers"),
     (lambda: tx.hybrid_memory(10, attention_layers=25), "attention_layers"),
     (lambda: tx.hybrid_memory(10, attention_layers=0), "attention_layers"),
@@ -194,7 +193,6 @@ def test_real_jamba_cache_grows_only_in_attention():
     (lambda: tx.scan_log_space(torch.zeros(2, 3), torch.ones(2, 3)), "a must"),
     (lambda: tx.scan_naive(torch.full((1, 2), 1.5), torch.ones(1, 2)), "a must"),
     (lambda: tx.first_overflow(1.0), "keep"),
-    (lambda: tx._scan_graph_depth(torch.ones(2)), "output"),
     (lambda: tx.selective_inputs(0), "n"),
     (lambda: tx.prompt_cache(None, 0), "n"),
     (lambda: tx.attention_layer_formula(None, 0), "n"),
