@@ -480,6 +480,7 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # Part 2 · 02_sequential_steps (Table 1, column 2)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+
 def _node_depths(root) -> dict:
     """The depth of every node of an autograd graph under `root`: 1 + the deepest parent.
 
@@ -673,6 +674,7 @@ def time_slots(positions: int, parallel: bool) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 3 · 03_paths (Table 1, column 3)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
+
 
 def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     """The link table of one layer: links[i, j] is True if output i reads input j directly.
@@ -967,6 +969,7 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 4 · 04_gradients
 # ═══════════════════════════════════════════════════════════════════════════════════════════
+
 
 def jacobian_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """|d fn(x) / d x_i| for every row i of x: the Frobenius norm of each block of the Jacobian.
