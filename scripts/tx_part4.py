@@ -480,6 +480,7 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # Part 2 · 02_sequential_steps (Table 1, column 2)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+
 def _node_depths(root) -> dict:
     """The depth of every node of an autograd graph under `root`: 1 + the deepest parent.
 
@@ -673,6 +674,7 @@ def time_slots(positions: int, parallel: bool) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 3 · 03_paths (Table 1, column 3)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
+
 
 def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     """The link table of one layer: links[i, j] is True if output i reads input j directly.
@@ -968,28 +970,34 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
 # Part 4 · 04_gradients
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+
 def jacobian_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """|d fn(x) / d x_i| for every row i of x: the Frobenius norm of each block of the Jacobian.
 
     fn maps x, (n, d), to one output vector. Each block (output numbers × the d numbers of
-    x_i) says how strongly the output moves when x_i moves.
+    x_i) says how strongly the output moves when x_i moves. One backward pass gives every
+    block: fn runs on one copy of x per output number (vmap), and copy m keeps number m.
     """
-    from torch.func import jacrev
+    from torch.func import vmap
 
     if x.dim() != 2:
         raise ValueError(f"x must be an (n, d) tensor, got shape {tuple(x.shape)}")
-    jacobian = jacrev(fn)(x)                                  # (outputs, n, d)
-    return jacobian.pow(2).sum(dim=(0, 2)).sqrt()             # one norm per input position
+    outputs = fn(x).numel()
+    copies = x.detach().unsqueeze(0).repeat(outputs, 1, 1).requires_grad_(True)
+    picked = vmap(fn)(copies).diagonal().sum()               # copy m: its output number m only
+    (grad,) = torch.autograd.grad(picked, copies)            # row m of the Jacobian, in copy m
+    return grad.pow(2).sum(dim=(0, 2)).sqrt()                # one norm per input position
 
 
 def gradient_by_distance(n: int = 50, d: int = 64, seeds: int = 20) -> pd.DataFrame:
     """|d out_n / d x_i| for a tanh RNN and one self-attention layer, mean over random networks.
 
-    Network s draws its weights (scaled 1/√d) and its inputs from seed s. Every network
-    of one batch is differentiated at once (vmap), with one thread: two runs give the
-    same numbers.
+    Network s draws its weights (scaled 1/√d) and its inputs from seed s. All networks are
+    differentiated at once: vmap runs one copy of every network per output number, and one
+    backward pass returns every row of every Jacobian. One thread: two runs give the same
+    numbers.
     """
-    from torch.func import jacrev, vmap
+    from torch.func import vmap
 
     check_positive(n=n, d=d, seeds=seeds)
     weights, inputs = [], []
@@ -1004,10 +1012,13 @@ def gradient_by_distance(n: int = 50, d: int = 64, seeds: int = 20) -> pd.DataFr
     def attention_last(x, w):
         return self_attention_layer(x, w[0], w[1], w[2])[-1]         # output row n
 
+    keep = torch.eye(d).unsqueeze(1)                                 # copy m keeps output m
     norms = {}
     for name, fn in [("RNN", rnn_last), ("self-attention", attention_last)]:
-        jacobians = vmap(jacrev(fn))(inputs, weights)                # (seeds, d, n, d)
-        norms[name] = jacobians.pow(2).sum(dim=(1, 3)).sqrt().mean(dim=0)
+        copies = inputs.unsqueeze(0).repeat(d, 1, 1, 1).requires_grad_(True)   # (d, seeds, n, d)
+        out = vmap(vmap(fn), in_dims=(0, None))(copies, weights)              # (d, seeds, d)
+        (grad,) = torch.autograd.grad((out * keep).sum(), copies)
+        norms[name] = grad.pow(2).sum(dim=(0, 3)).sqrt().mean(dim=0)          # (n,)
     table = pd.DataFrame({name: values.double().numpy() for name, values in norms.items()})
     table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
     table.insert(0, "input i", range(1, n + 1))
