@@ -232,11 +232,12 @@ def parsed(path: Path):
     return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
 
 
-def ids_of(path: Path) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def ids_of(path: Path) -> frozenset[str]:
     """Every id (and old-style name anchor) of a page."""
     soup = parsed(path)
-    return ({tag["id"] for tag in soup.find_all(id=True)} |
-            {tag["name"] for tag in soup.find_all("a", attrs={"name": True})})
+    return frozenset({tag["id"] for tag in soup.find_all(id=True)} |
+                     {tag["name"] for tag in soup.find_all("a", attrs={"name": True})})
 
 
 def internal_target(html_dir: Path, page: str, url: str) -> tuple[Path, str] | None:
