@@ -194,7 +194,9 @@ def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     from jupyter_cache.executors.utils import single_nb_execution
 
     notebook = get_reader(READER)(path)
-    os.environ.pop("MPLBACKEND", None)     # a kernel given MPLBACKEND=Agg draws no figure at all
+    # The kernel inherits this environment: with MPLBACKEND=Agg (common in CI) plt.show() draws
+    # nothing and the pages lose their figures. Jupyter's inline backend puts them in the output.
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     with tempfile.TemporaryDirectory() as cwd:
         result = single_nb_execution(notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False)
     if result.err is not None:
@@ -557,7 +559,8 @@ def write_ledger() -> None:
 def html() -> None:
     """Render the site from the executed cache: warnings and broken references are errors."""
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
-               "--builder", "html", "-W", "-n", "--keep-going"]
+               "--builder", "html", "-W", "-n", "--keep-going",
+               "--all"]   # re-read every page: a page whose .md is unchanged still has new outputs
     print("$ jupyter-book", " ".join(command[1:]))
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     warnings = [line for line in (done.stdout + done.stderr).splitlines()

@@ -95,3 +95,16 @@ def test_a_failing_cell_is_named_by_its_line(tmp_path):
                  "x = 1\ny = undefined\n------------------\nNameError: name 'undefined' is not defined")
     assert book.failing_cell(md, traceback) == "the code cell at line 8"
     assert book.short_traceback(traceback).startswith("An error occurred")
+
+
+def test_figures_reach_the_page_even_when_the_environment_says_agg(tmp_path, monkeypatch):
+    """A kernel that inherits MPLBACKEND=Agg draws nothing: the build must still get the PNG."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    page = tmp_path / "99_figure.md"
+    header = book.NOTEBOOKS.joinpath("01_costs.md").read_text(encoding="utf-8").split("---", 2)[1]
+    page.write_text(f"---{header}---\n\n```{{code-cell}} ipython3\nimport matplotlib.pyplot as plt\n"
+                    "plt.plot([1, 2])\nplt.show()\n```\n", encoding="utf-8")
+    _, _, error, notebook = book._execute_one(str(page))
+    assert error is None
+    outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
+    assert any("image/png" in o.get("data", {}) for o in outputs)

@@ -1,0 +1,167 @@
+"""Part 2 helpers against independent methods: networkx's longest path, a recursive walk, sums."""
+
+import math
+import random
+import sys
+
+import networkx as nx
+import pytest
+import torch
+
+import tx_part4 as tx
+
+
+def autograd_dag(t):
+    """The autograd graph under t as a networkx DiGraph, edges from a node to its parents."""
+    graph, todo, seen = nx.DiGraph(), [t.grad_fn], set()
+    graph.add_node(t.grad_fn)
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for parent, _ in node.next_functions:
+            if parent is not None:
+                graph.add_edge(node, parent)
+                todo.append(parent)
+    return graph
+
+
+def networkx_depth(t):
+    """Second method: the longest path of the DAG, in nodes (networkx counts edges)."""
+    return nx.dag_longest_path_length(autograd_dag(t)) + 1
+
+
+def recursive_depth(t):
+    """Third method for small graphs: the plain recursive walk, no memo."""
+    def depth(node):
+        parents = [p for p, _ in node.next_functions if p is not None]
+        return 1 + max((depth(p) for p in parents), default=0)
+    return depth(t.grad_fn)
+
+
+def random_graph(seed, size=12):
+    """A random computation: each new tensor mixes one or two earlier ones."""
+    rng = random.Random(seed)
+    leaves = [torch.randn(3, requires_grad=True) for _ in range(3)]
+    values = list(leaves)
+    for _ in range(size):
+        a, b = rng.choice(values), rng.choice(values)
+        op = rng.choice(["add", "mul", "sin", "exp_neg"])
+        if op == "add":
+            values.append(a + b)
+        elif op == "mul":
+            values.append(a * b)
+        elif op == "sin":
+            values.append(torch.sin(a))
+        else:
+            values.append(torch.exp(-a.abs()))
+    return sum(values[3:])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_graph_depth_matches_networkx_and_recursion_on_random_graphs(seed):
+    out = random_graph(seed)
+    assert tx.graph_depth(out) == networkx_depth(out) == recursive_depth(out)
+
+
+@pytest.mark.parametrize("n,d", [(1, 4), (3, 8), (9, 16)])
+def test_layers_match_networkx(n, d):
+    Wq, Wk, Wv, W, U = tx.random_weights(5, d, seed=n, requires_grad=True)
+    x = torch.randn(n, d)
+    attention, recurrent = tx.self_attention_layer(x, Wq, Wk, Wv), tx.recurrent_layer(x, W, U)
+    assert tx.graph_depth(attention) == networkx_depth(attention)
+    assert tx.graph_depth(recurrent) == networkx_depth(recurrent) == recursive_depth(recurrent)
+
+
+def test_a_chain_of_5000_links_needs_no_recursion():
+    leaf = torch.ones(1, requires_grad=True)
+    h = leaf
+    for _ in range(5000):
+        h = h * 1.0001                              # one MulBackward per link
+    assert 5000 > sys.getrecursionlimit()
+    assert tx.graph_depth(h) == 5000 + 1            # 5,000 multiplications and the leaf
+    assert tx.graph_depth(h) == networkx_depth(h)
+    assert len(tx.longest_chain(h)) == 5001
+
+
+def test_shared_nodes_are_measured_once():
+    h = torch.ones(1, requires_grad=True)
+    for _ in range(80):                             # 2^80 paths: an unmemoized walk never ends
+        h = h + h
+    assert tx.graph_depth(h) == 81 == networkx_depth(h)
+
+
+def test_attention_depth_is_constant_and_the_recurrent_depth_grows():
+    ns = (2, 5, 11, 23)
+    table = tx.depth_table(ns=ns, d=8)
+    assert table["self-attention"].nunique() == 1
+    links = table["recurrent"].tolist()
+    per_position = {(b - a) / (m - n) for a, b, n, m in zip(links, links[1:], ns, ns[1:])}
+    assert len(per_position) == 1                   # the same links for every extra position
+    assert per_position == {table["recurrent / n"].iloc[0]}
+
+
+def test_longest_chain_has_graph_depth_links():
+    Wq, Wk, Wv = tx.random_weights(3, 6, requires_grad=True)
+    out = tx.self_attention_layer(torch.randn(4, 6), Wq, Wk, Wv)
+    chain = tx.longest_chain(out)
+    assert len(chain) == tx.graph_depth(out)
+    assert chain[0] == type(out.grad_fn).__name__ and chain[-1] == "AccumulateGrad"
+
+
+def test_a_tensor_without_history_has_depth_zero():
+    assert tx.graph_depth(torch.ones(3)) == 0
+    assert tx.longest_chain(torch.ones(3)) == []
+
+
+def test_time_call_statistics():
+    stats = tx.time_call(lambda: sum(range(2000)), min_runs=4, min_time=0.0)
+    assert stats["runs"] == 4
+    assert 0 < stats["q1"] <= stats["median"] <= stats["q3"]
+
+
+def test_wall_time_table_shape():
+    torch.set_num_threads(1)
+    table = tx.wall_time_table(ns=(4, 8), d=16, min_time=0.0)
+    assert list(table.index) == [4, 8]
+    assert (table[["attention ms", "loop ms"]] > 0).all().all()
+    assert (table[["attention runs", "loop runs"]] >= 3).all().all()
+
+
+def test_waiting_arithmetic_against_repeated_addition():
+    for steps, per_step in [(2048, 20e-6), (24, 20e-6), (7, 0.3)]:
+        assert math.isclose(tx.waiting_time(steps, per_step), math.fsum([per_step] * steps))
+    table = tx.waiting_table()
+    assert math.isclose(table.loc["recurrent network", "ms"], 1e3 * math.fsum([20e-6] * 2048))
+
+
+@pytest.mark.parametrize("positions", [1, 5, 12])
+def test_time_slots_hold_every_position_once(positions):
+    serial, parallel = tx.time_slots(positions, False), tx.time_slots(positions, True)
+    assert serial.shape == (positions, positions) and parallel.shape == (1, positions)
+    assert (serial.sum(0) == 1).all() and (parallel.sum(0) == 1).all()
+    assert (serial.sum(1) == 1).all()               # one position in each slot
+
+
+def test_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match="t must"):
+        tx.graph_depth(3)
+    with pytest.raises(ValueError, match="t must"):
+        tx.longest_chain([1, 2])
+    with pytest.raises(ValueError, match="count"):
+        tx.random_weights(0, 4)
+    with pytest.raises(ValueError, match="d must"):
+        tx.depth_table(d=0)
+    with pytest.raises(ValueError, match="n must"):
+        tx.depth_table(ns=(4, -1))
+    with pytest.raises(ValueError, match="min_runs"):
+        tx.time_call(print, min_runs=0)
+    with pytest.raises(ValueError, match="min_time"):
+        tx.time_call(print, min_time=-1)
+    with pytest.raises(ValueError, match="steps"):
+        tx.waiting_time(0, 1e-6)
+    with pytest.raises(ValueError, match="seconds_per_step"):
+        tx.waiting_time(5, 0)
+    with pytest.raises(ValueError, match="positions"):
+        tx.time_slots(0, True)

@@ -1,0 +1,118 @@
+"""Part 4 helpers against independent methods: one backward pass per output number, finite
+differences, the power formula, and the exact Jacobian of the real encoder."""
+
+import math
+
+import pytest
+import torch
+
+import tx_part4 as tx
+
+
+def norms_by_backward_loop(fn, x):
+    """|d fn(x) / d x_i|, one backward pass for each output number (no vmap)."""
+    x = x.detach().requires_grad_(True)
+    out = fn(x)
+    squares = torch.zeros(x.shape[0], dtype=torch.float64)
+    for m in range(out.shape[0]):
+        (grad,) = torch.autograd.grad(out[m], x, retain_graph=True)
+        squares += grad.double().pow(2).sum(dim=1)
+    return squares.sqrt()
+
+
+@pytest.mark.parametrize("n,d", [(1, 3), (4, 5), (7, 8)])
+def test_jacobian_norms_match_a_backward_loop(n, d):
+    Wq, Wk, Wv, W, U = tx.random_weights(5, d, seed=n)
+    x = torch.randn(n, d)
+    for fn in (lambda x: tx.recurrent_layer(x, W, U), lambda x: tx.self_attention_layer(x, Wq, Wk, Wv)[-1]):
+        assert torch.allclose(tx.jacobian_norms(fn, x).double(), norms_by_backward_loop(fn, x), rtol=1e-5)
+
+
+def test_jacobian_norms_match_finite_differences():
+    Wq, Wk, Wv = [w.double() for w in tx.random_weights(3, 4, seed=1)]
+    fn = lambda x: tx.self_attention_layer(x, Wq, Wk, Wv)[-1]  # noqa: E731
+    x = torch.randn(5, 4, dtype=torch.float64)
+    eps, squares = 1e-6, torch.zeros(5, dtype=torch.float64)
+    for i in range(5):
+        for j in range(4):
+            step = torch.zeros_like(x)
+            step[i, j] = eps
+            squares[i] += ((fn(x + step) - fn(x - step)) / (2 * eps)).pow(2).sum()
+    assert torch.allclose(tx.jacobian_norms(fn, x), squares.sqrt(), rtol=1e-6)
+
+
+def test_gradient_by_distance_is_the_mean_of_single_networks():
+    n, d, seeds = 6, 4, 3
+    table = tx.gradient_by_distance(n, d, seeds)
+    rnn, attention = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    for seed in range(seeds):
+        Wq, Wk, Wv, W, U = tx.random_weights(5, d, seed)
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+        rnn += norms_by_backward_loop(lambda x: tx.recurrent_layer(x, W, U), x) / seeds
+        attention += norms_by_backward_loop(lambda x: tx.self_attention_layer(x, Wq, Wk, Wv)[-1], x) / seeds
+    by_input = table.set_index("input i").sort_index()
+    assert torch.allclose(torch.tensor(by_input["RNN"].values), rnn, rtol=1e-5)
+    assert torch.allclose(torch.tensor(by_input["self-attention"].values), attention, rtol=1e-5)
+
+
+def test_gradient_by_distance_is_reproducible():
+    torch.set_num_threads(1)
+    first, second = tx.gradient_by_distance(12, 8, 4), tx.gradient_by_distance(12, 8, 4)
+    assert first.equals(second)
+
+
+def test_log10_slope_recovers_a_known_decay():
+    xs = [0, 3, 7, 12]
+    assert math.isclose(tx.log10_slope(xs, [5 * 10 ** (-0.25 * x) for x in xs]), -0.25, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="x and y"):
+        tx.log10_slope([1], [1])
+
+
+def test_orders_of_magnitude():
+    assert math.isclose(tx.orders_of_magnitude([1e-9, 1.0, 10.0]), 10.0)
+    assert tx.orders_of_magnitude([3.0]) == 0.0
+
+
+@pytest.mark.parametrize("keep,steps", [(0.98, 100), (0.98, 511), (0.9, 17), (1.0, 40), (0.5, 1)])
+def test_survival_matches_autograd_and_logarithms(keep, steps):
+    assert math.isclose(tx.survival(keep, steps), tx.chain_gradient(keep, steps), rel_tol=1e-12)
+    assert math.isclose(tx.survival(keep, steps), math.exp(steps * math.log(keep)), rel_tol=1e-12)
+
+
+def test_survival_table_agrees():
+    table = tx.survival_table(steps=(1, 50, 511))
+    assert (table["relative difference"] < 1e-12).all()
+
+
+def test_encoder_probe_estimate_matches_the_exact_jacobian():
+    tokenizer, model = tx.load_tokenizer(), tx.load_encoder()
+    text = "Keys are lost."
+    estimate = tx.encoder_gradients(model, tokenizer, text, probes=64)
+    encoded = tokenizer(text, return_tensors="pt")
+    x = model.get_input_embeddings()(encoded["input_ids"]).detach().requires_grad_(True)
+    out = model(inputs_embeds=x, attention_mask=encoded["attention_mask"]).last_hidden_state[0]
+    last = encoded["input_ids"].shape[1] - 2
+    every_output = torch.eye(out.shape[1])            # one backward pass per output number, batched
+    (jacobian,) = torch.autograd.grad(out[last], x, every_output, is_grads_batched=True)
+    exact = jacobian[:, 0].double().pow(2).sum(dim=(0, 2)).sqrt()
+    assert torch.allclose(torch.tensor(estimate["gradient"].values), exact, rtol=0.2)
+    assert estimate["distance"].tolist() == [last - i for i in range(x.shape[1])]
+
+
+def test_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match="x must"):
+        tx.jacobian_norms(lambda x: x.sum(0), torch.ones(2, 3, 4))
+    with pytest.raises(ValueError, match="seeds"):
+        tx.gradient_by_distance(seeds=0)
+    with pytest.raises(ValueError, match="values"):
+        tx.orders_of_magnitude([1.0, 0.0])
+    with pytest.raises(ValueError, match="keep"):
+        tx.survival(0.0, 5)
+    with pytest.raises(ValueError, match="steps"):
+        tx.survival(0.5, -1)
+    with pytest.raises(ValueError, match="keep"):
+        tx.chain_gradient(1.5, 5)
+    with pytest.raises(ValueError, match="steps"):
+        tx.chain_gradient(0.5, 0)
+    with pytest.raises(ValueError, match="probes"):
+        tx.encoder_gradients(None, None, "x", probes=0)
