@@ -38,6 +38,17 @@ def skip_or_fail(config, reason: str) -> None:
     pytest.skip(reason)
 
 
+def fresh_site_or_skip(config, html_dir: Path = HTML) -> Path:
+    """The built site, if there is one and it is newer than every notebook; else skip (or fail)."""
+    if not (html_dir / "index.html").exists():
+        skip_or_fail(config, "no built site in _build/html: run `make book` first")
+    stale = stale_pages(html_dir)
+    if stale:
+        skip_or_fail(config, f"the built site is older than notebooks {', '.join(stale)} "
+                     f"(or lacks their page): run `make book`")
+    return html_dir
+
+
 def html_pages(html_dir: Path = HTML) -> list[str]:
     """Every page of the built site, as a path relative to the site (posix), sorted."""
     return sorted(p.relative_to(html_dir).as_posix() for p in html_dir.rglob("*.html")

@@ -82,12 +82,7 @@ class Site:
 @pytest.fixture(scope="module")
 def site(request):
     """The fresh site of `make book`, served on 127.0.0.1 for the length of this module."""
-    if not (HTML / "index.html").exists():
-        sitekit.skip_or_fail(request.config, "no built site in _build/html: run `make book` first")
-    stale = sitekit.stale_pages()
-    if stale:
-        sitekit.skip_or_fail(request.config, f"the built site is older than notebooks "
-                             f"{', '.join(stale)} (or lacks their page): run `make book`")
+    sitekit.fresh_site_or_skip(request.config)
     try:
         glued = book.glued_values()
     except book.BuildError as error:

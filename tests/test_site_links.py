@@ -22,10 +22,8 @@ CITE = re.compile(r"\{cite(:[a-z]+)?\}`")
 
 @pytest.fixture(scope="module")
 def site(request) -> Path:
-    """The built site, or a skip (a failure with --require-site)."""
-    if not (HTML / "index.html").exists():
-        sitekit.skip_or_fail(request.config, "no built site in _build/html: run `make book` first")
-    return HTML
+    """The built site, fresh, or a skip (a failure with --require-site)."""
+    return sitekit.fresh_site_or_skip(request.config, HTML)
 
 
 def test_every_internal_link_and_image_resolves(site):
