@@ -38,6 +38,17 @@ def skip_or_fail(config, reason: str) -> None:
     pytest.skip(reason)
 
 
+def fresh_site_or_skip(config, html_dir: Path = HTML) -> Path:
+    """The built site, if there is one and it is newer than every notebook; else skip (or fail)."""
+    if not (html_dir / "index.html").exists():
+        skip_or_fail(config, "no built site in _build/html: run `make book` first")
+    stale = stale_pages(html_dir)
+    if stale:
+        skip_or_fail(config, f"the built site is older than notebooks {', '.join(stale)} "
+                     f"(or lacks their page): run `make book`")
+    return html_dir
+
+
 def html_pages(html_dir: Path = HTML) -> list[str]:
     """Every page of the built site, as a path relative to the site (posix), sorted."""
     return sorted(p.relative_to(html_dir).as_posix() for p in html_dir.rglob("*.html")
@@ -232,11 +243,12 @@ def parsed(path: Path):
     return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
 
 
-def ids_of(path: Path) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def ids_of(path: Path) -> frozenset[str]:
     """Every id (and old-style name anchor) of a page."""
     soup = parsed(path)
-    return ({tag["id"] for tag in soup.find_all(id=True)} |
-            {tag["name"] for tag in soup.find_all("a", attrs={"name": True})})
+    return frozenset({tag["id"] for tag in soup.find_all(id=True)} |
+                     {tag["name"] for tag in soup.find_all("a", attrs={"name": True})})
 
 
 def internal_target(html_dir: Path, page: str, url: str) -> tuple[Path, str] | None:

@@ -22,10 +22,8 @@ CITE = re.compile(r"\{cite(:[a-z]+)?\}`")
 
 @pytest.fixture(scope="module")
 def site(request) -> Path:
-    """The built site, or a skip (a failure with --require-site)."""
-    if not (HTML / "index.html").exists():
-        sitekit.skip_or_fail(request.config, "no built site in _build/html: run `make book` first")
-    return HTML
+    """The built site, fresh, or a skip (a failure with --require-site)."""
+    return sitekit.fresh_site_or_skip(request.config, HTML)
 
 
 def test_every_internal_link_and_image_resolves(site):
@@ -118,7 +116,7 @@ def test_link_problems_catch_each_kind_of_break(tmp_path):
     write(tmp_path / "index.html", "<p>home</p>")
     (tmp_path / "_images").mkdir()
     (tmp_path / "_images" / "fig.png").write_bytes(b"png")
-    sitekit.parsed.cache_clear()
+    sitekit.parsed.cache_clear(), sitekit.ids_of.cache_clear()
     problems = sitekit.link_problems(tmp_path)
     assert sorted(re.search(r'="([^"]+)"', p).group(1) for p in problems) == [
         "#nowhere", "../_images/gone.png", "../_static/gone.js", "../missing.html", "two.html#gone"]
@@ -128,7 +126,7 @@ def test_link_problems_catch_each_kind_of_break(tmp_path):
 def test_the_bibliography_check_catches_a_citation_to_nowhere(tmp_path):
     write(tmp_path / "refs.html", '<div role="doc-biblioentry" id="id1">Vaswani</div>')
     write(tmp_path / "page.html", '<a href="refs.html#id1">[1]</a> <a href="refs.html#id9">[9]</a>')
-    sitekit.parsed.cache_clear()
+    sitekit.parsed.cache_clear(), sitekit.ids_of.cache_clear()
     page, entries = bibliography(tmp_path)
     assert (page, entries) == ("refs.html", {"id1"})
     assert citation_links(tmp_path, "page.html", page) == ["id1", "id9"]
