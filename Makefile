@@ -6,8 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pins
 
-# Offline and reproducible: no hub downloads, fixed hashing. (No MPLBACKEND here: a kernel that
-# inherits Agg shows no figures; Jupyter kernels choose their own inline backend.)
+# Offline and reproducible: no hub downloads, fixed hashing. No MPLBACKEND: a Jupyter kernel that
+# inherits MPLBACKEND=Agg shows no figure (matplotlib picks Agg by itself where there is no screen).
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

@@ -44,6 +44,8 @@ GLUE_PREFIX = "application/papermill.record/"
 KINDS = ("exact", "close", "seeded", "measured")
 DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}        # relative tolerance when numbers.toml gives none
 TIMEOUT = 300                                        # seconds a cell may run before the build fails
+BUDGET_NOTEBOOK = 20.0                               # seconds one notebook should take (warned, not failed)
+BUDGET_BUILD = 90.0                                  # seconds the whole `make book` should take
 
 #: The first cell of every notebook, hidden in the book. The repository is named in _config.yml.
 COLAB_CELL = """\
@@ -203,15 +205,22 @@ def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
 
 
 def failing_cell(notebook_path: Path, traceback: str) -> str:
-    """Say which cell failed: nbclient quotes the cell's source at the top of its error."""
-    source = read_md(notebook_path)
-    quoted = traceback.split("------------------", 2)
+    """Say which cell failed, by its line in the .md: nbclient quotes the cell's source."""
+    quoted = traceback.split("------------------")
     if len(quoted) >= 2:
         failed = quoted[1].strip()
-        for index, cell in enumerate(c for c in source.cells if c.cell_type == "code"):
-            if cell.source.strip() and cell.source.strip() in failed:
-                return f"code cell {index + 1}"
+        text = notebook_path.read_text(encoding="utf-8")
+        for probe in (failed, failed.splitlines()[0] if failed else ""):
+            if probe and probe in text:
+                line = text[:text.index(probe)].count("\n") + 1
+                return f"the code cell at line {line}"
     return "a cell (see the traceback)"
+
+
+def short_traceback(traceback: str) -> str:
+    """The failing cell and its error, without the executor's own frames."""
+    marker = "An error occurred while executing the following cell:"
+    return traceback[traceback.index(marker):] if marker in traceback else traceback
 
 
 def execute(only: list[str] | None = None) -> dict[str, float]:
@@ -235,7 +244,8 @@ def execute(only: list[str] | None = None) -> dict[str, float]:
             stem = Path(path).stem
             times[stem] = round(seconds, 2)
             if error is not None:
-                errors.append(f"notebooks/{stem}.md, {failing_cell(Path(path), error)}:\n{error}")
+                errors.append(f"notebooks/{stem}.md, {failing_cell(Path(path), error)}:\n"
+                              f"{short_traceback(error)}")
                 print(f"  FAILED {stem:28s} {seconds:6.1f} s")
                 continue
             cache.cache_notebook_bundle(
@@ -549,7 +559,8 @@ def write_ledger() -> None:
 def html() -> None:
     """Render the site from the executed cache: warnings and broken references are errors."""
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
-               "--builder", "html", "-W", "-n", "--keep-going"]
+               "--builder", "html", "-W", "-n", "--keep-going",
+               "--all"]   # re-read every page: a page whose .md is unchanged still has new outputs
     print("$ jupyter-book", " ".join(command[1:]))
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     warnings = [line for line in (done.stdout + done.stderr).splitlines()
@@ -561,14 +572,32 @@ def html() -> None:
     print(f"site: {rel(BUILD / 'html' / 'index.html')}")
 
 
+def budget_report(times: dict[str, float], total: float) -> list[str]:
+    """The build's closing lines: each notebook's seconds and the total, against the budget.
+    Over budget is a WARNING line naming the notebook, never a failure: machines vary."""
+    over = lambda seconds, budget: "  OVER BUDGET" if seconds >= budget else ""  # noqa: E731
+    lines = [f"build times (budget: each notebook < {BUDGET_NOTEBOOK:g} s, "
+             f"whole build < {BUDGET_BUILD:g} s):"]
+    lines += [f"  {stem:35s} {seconds:6.1f} s{over(seconds, BUDGET_NOTEBOOK)}"
+              for stem, seconds in sorted(times.items())]
+    lines.append(f"  {'whole build':35s} {total:6.1f} s{over(total, BUDGET_BUILD)}")
+    lines += [f"WARNING: notebooks/{stem}.md took {seconds:.1f} s, over the budget of "
+              f"{BUDGET_NOTEBOOK:g} s for one notebook" for stem, seconds in sorted(times.items())
+              if seconds >= BUDGET_NOTEBOOK]
+    if total >= BUDGET_BUILD:
+        lines.append(f"WARNING: the build took {total:.1f} s, over its budget of {BUDGET_BUILD:g} s")
+    return lines
+
+
 def build() -> None:
-    """Everything `make book` does: pairs, execution, ledger, site, number check."""
+    """Everything `make book` does: pairs, execution, ledger, site, number check, the times."""
     start = time.perf_counter()
     check_sync()
-    execute()
+    times = execute()
     write_ledger()
     html()
     check_numbers()
+    print("\n".join(budget_report(times, time.perf_counter() - start)))
     print(f"make book: {time.perf_counter() - start:.1f} s in all")
 
 

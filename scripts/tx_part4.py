@@ -104,7 +104,7 @@ def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if _in_notebook():
         _glue(key, value, kind, tol)
-    print(f"{key} = {fmt.format(value)}")
+    print(f"{key} = {value if isinstance(value, bool) else fmt.format(value)}")   # "{:,}" makes True 1
     return value
 
 
@@ -1116,13 +1116,891 @@ def encoder_gradients(model, tokenizer, text: str, probes: int = 32, seed: int =
 # Part 5 · 05_restricted_attention
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+
+def check_window(**windows: int) -> None:
+    """Raise ValueError unless each centred window is an odd positive size (r // 2 keys each side)."""
+    check_positive(**windows)
+    for name, r in windows.items():
+        if r % 2 == 0:
+            raise ValueError(f"{name} must be odd (the query and {name} // 2 keys on each side), got {r}")
+
+
+def window_mask(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2 (Table 1's neighbourhood r)."""
+    check_positive(n=n)
+    check_window(r=r)
+    row, col = torch.arange(n, device=device)[:, None], torch.arange(n, device=device)[None, :]
+    return (col >= row - r // 2) & (col <= row + r // 2)     # r // 2 keys on each side, and itself
+
+
+def band_slots(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """(n, r) key positions: row i holds the keys i − r//2 … i + r//2 of its window; −1 is padding."""
+    check_positive(n=n)
+    check_window(r=r)
+    row, slot = torch.arange(n, device=device)[:, None], torch.arange(r, device=device)[None, :]
+    slots = row + slot - r // 2                                             # slot s of row i: key i + s − r//2
+    return slots.masked_fill((slots < 0) | (slots >= n), -1)               # before the start or after the end
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v must be three (n, d) tensors of one shape."""
+    if q.dim() != 2 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention with a mask: computes all n × n scores, then hides those where mask is False."""
+    _check_qkv(q, k, v)
+    if mask.shape != (q.shape[0], q.shape[0]) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be ({q.shape[0]}, {q.shape[0]}) booleans, got "
+                         f"{tuple(mask.shape)} {mask.dtype}")
+    scores = q @ k.T / math.sqrt(q.shape[1])                  # (n, n): every query against every key
+    scores = scores.masked_fill(~mask, float("-inf"))         # outside the window: weight 0 after softmax
+    return torch.softmax(scores, dim=-1) @ v                  # (n, d)
+
+
+def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
+    """The same result as masked_attention with window_mask(n, r), computing only n × r scores."""
+    _check_qkv(q, k, v)
+    check_window(r=r)
+    n, d = q.shape
+    half = r // 2
+    k_win = F.pad(k, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): row i holds keys i − half … i + half
+    v_win = F.pad(v, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): and their values (zero rows = padding)
+    scores = (q[:, None, :] @ k_win)[:, 0, :] / math.sqrt(d)  # (n, r): r dot products per query
+    scores = scores.masked_fill(band_slots(n, r, q.device) < 0, float("-inf"))   # padding: weight 0
+    weights = torch.softmax(scores, dim=-1)                   # (n, r)
+    return (v_win @ weights[:, :, None])[:, :, 0]             # (n, d): each query mixes its r values
+
+
+def masked_flops(n: int, d: int) -> int:
+    """FLOPs of masked_attention's matrix products (2 FLOPs a multiply-add, as FlopCounterMode counts)."""
+    check_positive(n=n, d=d)
+    scores = n * n * d           # Q Kᵀ: all n × n dot products of d numbers, masked or not
+    mix = n * n * d              # weights V: n rows, each a sum over n values of d numbers
+    return 2 * (scores + mix)
+
+
+def banded_flops(n: int, d: int, r: int) -> int:
+    """FLOPs of banded_attention's matrix products: only the r slots of each query's window."""
+    check_positive(n=n, d=d)
+    check_window(r=r)
+    scores = n * r * d           # each query against the r keys of its window
+    mix = n * r * d              # each query mixes the r values of its window
+    return 2 * (scores + mix)
+
+
+def _qkv(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three seeded random (n, d) tensors for q, k, v."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(n, d, generator=g) for _ in range(3))
+
+
+def flop_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17,
+               device: str = "meta") -> pd.DataFrame:
+    """FLOPs of the masked and the banded versions: counted from the shapes and by FlopCounterMode.
+
+    The counter needs only the operations and their shapes, so by default the code runs on
+    PyTorch's "meta" device: the same operations, no numbers computed (device="cpu" computes them)."""
+    rows = {}
+    for n in ns:
+        check_positive(n=n, d=d)
+        q, k, v = (torch.empty(n, d, device=device) for _ in range(3))
+        rows[n] = {
+            "masked counted": masked_flops(n, d),
+            "masked counter": flops(masked_attention, q, k, v, window_mask(n, r, device)),
+            "banded counted": banded_flops(n, d, r),
+            "banded counter": flops(banded_attention, q, k, v, r),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    table["equal"] = ((table["masked counted"] == table["masked counter"])
+                      & (table["banded counted"] == table["banded counter"]))
+    table["ratio"] = table["masked counted"] / table["banded counted"]
+    return table
+
+
+@cli_table("Part 5 · FLOPs of masked (n × n) and banded (n × r) attention, d = 64, r = 17")
+def _flop_table() -> pd.DataFrame:
+    """The FLOP table at the book's sizes (for the command line)."""
+    return flop_table()
+
+
+def best_time(fn: Callable, *args, repeats: int = 3) -> float:
+    """The shortest of `repeats` wall times of fn(*args), in seconds, after one warm-up call."""
+    check_positive(repeats=repeats)
+    import time
+
+    with torch.no_grad():
+        fn(*args)                                    # warm-up: first calls allocate and dispatch
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, repeats: int = 3,
+               seed: int = 0) -> pd.DataFrame:
+    """Wall time on this machine of the masked and the banded versions (milliseconds)."""
+    rows = {}
+    for n in ns:
+        q, k, v = _qkv(n, d, seed)
+        mask = window_mask(n, r)
+        masked = best_time(masked_attention, q, k, v, mask, repeats=repeats)
+        banded = best_time(banded_attention, q, k, v, r, repeats=repeats)
+        rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
+                   "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r)}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    return table
+
+
+def causal_mask(n: int, window: int | None = None, n_global: int = 0) -> torch.Tensor:
+    """(n, n) booleans of a decoder: key j ≤ query i; with a window, only the last `window` keys
+    (itself included); the first `n_global` positions stay visible to every later query."""
+    check_positive(n=n)
+    if window is not None:
+        check_positive(window=window)
+    if isinstance(n_global, bool) or not isinstance(n_global, int) or n_global < 0:
+        raise ValueError(f"n_global must be a whole number ≥ 0, got {n_global!r}")
+    row, col = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    allowed = col <= row                                       # causal: no key from the future
+    if window is not None:
+        allowed &= (col > row - window) | (col < n_global)     # the window, or a global position
+    return allowed
+
+
+def causal_pairs(n: int) -> int:
+    """Pairs a causal mask allows: query i reads keys 0 … i, so 1 + 2 + … + n."""
+    check_positive(n=n)
+    return n * (n + 1) // 2
+
+
+def sliding_pairs(n: int, window: int) -> int:
+    """Pairs a causal sliding window allows: query i reads min(i + 1, window) keys."""
+    check_positive(n=n, window=window)
+    w = min(window, n)
+    ramp = w * (w + 1) // 2          # the first w queries: 1, 2, …, w keys (the window is not full yet)
+    full = (n - w) * w               # every later query: exactly `window` keys
+    return ramp + full
+
+
+def global_pairs(n: int, window: int, n_global: int) -> int:
+    """Pairs of a causal sliding window plus n_global positions that every later query may read."""
+    check_positive(n=n, window=window)
+    if isinstance(n_global, bool) or not isinstance(n_global, int) or n_global < 0:
+        raise ValueError(f"n_global must be a whole number ≥ 0, got {n_global!r}")
+    # global key c adds the queries that are outside its window: i ≥ c + window, i < n
+    extra = sum(max(0, n - c - window) for c in range(min(n_global, n)))
+    return sliding_pairs(n, window) + extra
+
+
+def stacked_reach(layers: int, window: int) -> int:
+    """Positions that can reach the last one through `layers` causal windows of `window` keys.
+
+    One layer reaches window − 1 positions back; each further layer moves the reach one window on."""
+    check_positive(layers=layers, window=window)
+    return layers * (window - 1) + 1      # the position itself, plus window − 1 more per layer
+
+
+def reach_by_layers(layers: int, window: int) -> list[int]:
+    """Method 2 for stacked_reach: follow the positions that reach the last one, layer by layer.
+
+    A layer lets position j feed the positions j … j + window − 1 above it; returns the count
+    after each layer (a cumulative sum gives each window's count in one pass)."""
+    check_positive(layers=layers, window=window)
+    n = layers * window + 1                                    # room beyond any reach
+    reach = torch.zeros(n, dtype=torch.long)
+    reach[-1] = 1                                              # the last position reaches itself
+    counts = []
+    for _ in range(layers):
+        ahead = F.pad(reach, (0, window - 1))                  # positions past the end reach nothing
+        total = torch.cumsum(F.pad(ahead, (1, 0)), 0)          # total[j] = ahead[0] + … + ahead[j − 1]
+        reach = ((total[window:window + n] - total[:n]) > 0).long()   # any of j … j + window − 1 reached?
+        counts.append(int(reach.sum()))
+    return counts
+
+
+def reach_by_mask_products(n: int, layers: int, window: int) -> list[int]:
+    """Method 3 for small n: boolean products of the real causal window mask, one per layer."""
+    mask = causal_mask(n, window).long()
+    linked = torch.eye(n, dtype=torch.long)
+    counts = []
+    for _ in range(layers):
+        linked = ((linked @ mask) > 0).long()                  # a path of one more layer
+        counts.append(int(linked[-1].sum()))                   # positions the last one depends on
+    return counts
+
+
+def trade_table(n: int = 8192, d: int = 512, rs: Iterable[int] = (3, 17, 65, 257, 1025, 4097)) -> pd.DataFrame:
+    """Table 1's trade for restricted attention: work r·n·d against layers to connect 1 and n."""
+    check_positive(n=n, d=d)
+    rows = {}
+    for r in rs:
+        check_window(r=r)
+        rows[r] = {
+            "work r·n·d": count_restricted(n, d, r),               # Table 1's term
+            "work / full n²d": count_restricted(n, d, r) / (n * n * d),
+            "layers to connect": math.ceil((n - 1) / (r // 2)),   # r // 2 positions further per layer
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "window r"
+    return table
+
+
+@cli_table("Part 5 · restricted attention, n = 8,192, d = 512: work against path")
+def _trade_table() -> pd.DataFrame:
+    """The trade table at the book's sizes (for the command line)."""
+    return trade_table()
+
+
+@cli_table("Part 5 · pairs of a causal mask, a sliding window, a window with global positions")
+def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), (16, 3, 2), (8192, 1024, 0))
+               ) -> pd.DataFrame:
+    """Allowed pairs from the formulas and counted in the real masks, for (n, window, n_global)."""
+    rows = []
+    for n, window, n_global in cases:
+        rows.append({"positions": n, "window": window, "global": n_global,
+                     "causal": causal_pairs(n), "allowed": global_pairs(n, window, n_global),
+                     "mask count": int(causal_mask(n, window, n_global).sum()),
+                     "share": global_pairs(n, window, n_global) / causal_pairs(n)})
+    table = pd.DataFrame(rows, index=range(1, len(rows) + 1))
+    table.index.name = "case"
+    table["equal"] = table["allowed"] == table["mask count"]
+    return table
+
+
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 6 · 06_kv_cache
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
+
+def _check_tokens(**tokens: int) -> None:
+    """Raise ValueError naming the first token count that is not a whole number ≥ 0."""
+    for name, value in tokens.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+
+
+def kv_bytes_per_token(model: ExampleModel = ExampleModel()) -> int:
+    """Bytes the cache keeps for one token: a key and a value per layer and per key-value head."""
+    return (2                          # one key and one value
+            * model.layers             # in every layer
+            * model.kv_heads           # for every head that keeps its own (grouped heads share)
+            * model.head_size          # numbers in each
+            * model.bytes_per_number)  # bytes a number
+
+
+def kv_cache_bytes(tokens: int, model: ExampleModel = ExampleModel(), window: int | None = None) -> int:
+    """Bytes of the cache after `tokens` tokens; a window keeps only its last `window` tokens."""
+    _check_tokens(tokens=tokens)
+    if window is not None:
+        check_positive(window=window)
+    kept = tokens if window is None else min(tokens, window)   # a window forgets the older tokens
+    return kept * kv_bytes_per_token(model)
+
+
+def cache_memory(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
+    """Bytes of memory left for caches once the weights are loaded."""
+    free = accelerator.memory_bytes - model.weight_bytes
+    if free < 0:
+        raise ValueError(f"model: its weights ({model.weight_bytes:,} B) do not fit in memory_bytes "
+                         f"({accelerator.memory_bytes:,} B)")
+    return int(free)
+
+
+def max_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
+    """The most tokens one conversation can cache once the weights are loaded."""
+    return cache_memory(model, accelerator) // kv_bytes_per_token(model)   # whole tokens only
+
+
+def decode_seconds(context: int, model: ExampleModel = ExampleModel(),
+                   accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
+    """Time of one new token after `context` cached tokens: every weight and the whole cache are
+    read once, so memory bandwidth sets the time (the arithmetic is far faster)."""
+    _check_tokens(context=context)
+    read = model.weight_bytes + kv_cache_bytes(context, model)  # bytes one step must read
+    return read / accelerator.bytes_per_second
+
+
+def prefill_flops(n: int, model: ExampleModel = ExampleModel()) -> float:
+    """FLOPs of reading an n-token prompt in one pass (2 FLOPs a multiply-add)."""
+    check_positive(n=n)
+    weights = model.parameters * n                # every token meets every weight once
+    pairs = model.layers * pair_work(n, model)    # causal pairs n²/2, a score and a mix, every layer
+    return 2 * (weights + pairs)
+
+
+def prefill_seconds(n: int, model: ExampleModel = ExampleModel(),
+                    accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
+    """Time to read an n-token prompt: arithmetic sets it, the whole prompt is one wide pass."""
+    return prefill_flops(n, model) / accelerator.flops_per_second
+
+
+def answer_seconds(prompt: int, answer: int, model: ExampleModel = ExampleModel(),
+                   accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
+    """Time to write `answer` tokens after a prompt: one decode step each, on a growing cache."""
+    check_positive(prompt=prompt, answer=answer)
+    # the i-th new token reads the prompt and the i answer tokens written before it
+    return sum(decode_seconds(prompt + i, model, accelerator) for i in range(answer))
+
+
+def conversations_that_fit(tokens: int, model: ExampleModel = ExampleModel(),
+                           accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
+    """Conversations of `tokens` tokens whose caches fit beside the weights at the same time."""
+    check_positive(tokens=tokens)
+    return cache_memory(model, accelerator) // kv_cache_bytes(tokens, model)   # whole conversations only
+
+
+def score_grid_bytes(rows: int, columns: int | None = None, bytes_per_number: int = 2) -> int:
+    """Bytes of a grid of attention scores of one head: rows × columns numbers."""
+    columns = rows if columns is None else columns
+    check_positive(rows=rows, columns=columns, bytes_per_number=bytes_per_number)
+    return rows * columns * bytes_per_number
+
+
+def sharing_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+                  kv_heads: Iterable[int] = (16, 4, 1), lengths: Iterable[int] = (2048, 8192, 32768),
+                  window: int = 1024) -> pd.DataFrame:
+    """Cache sizes when groups of heads share one key and one value (kv_heads = heads: no sharing)."""
+    from dataclasses import replace
+
+    rows = {}
+    for kv in kv_heads:
+        shared = replace(model, kv_heads=kv)        # same weights; only the cache changes
+        row = {"KiB a token": kv_bytes_per_token(shared) / KIB}
+        for n in lengths:
+            row[f"MiB at {n:,}"] = kv_cache_bytes(n, shared) / MIB
+        row[f"MiB, window {window:,}"] = kv_cache_bytes(max(lengths), shared, window) / MIB
+        row["max tokens"] = max_context(shared, accelerator)
+        rows[kv] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "kv heads"
+    table["max tokens"] = table["max tokens"].astype(int)
+    return table
+
+
+def kv_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+             tokens: Iterable[int] = (2048, 8192, 32768, 131072), window: int = 1024) -> pd.DataFrame:
+    """For each context length: cache, a window's cache, conversations that fit, decode time."""
+    rows = {}
+    for n in tokens:
+        rows[n] = {
+            "cache MiB": kv_cache_bytes(n, model) / MIB,
+            f"window {window:,} MiB": kv_cache_bytes(n, model, window) / MIB,
+            "conversations": conversations_that_fit(n, model, accelerator),
+            "ms a token": 1e3 * decode_seconds(n, model, accelerator),
+            "tokens a second": 1 / decode_seconds(n, model, accelerator),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "context"
+    return table
+
+
+@cli_table("Part 6 · the example model's cache in a 24 GiB, 1 TB/s accelerator")
+def _kv_table() -> pd.DataFrame:
+    """The cache table of the stated example model (for the command line)."""
+    return kv_table()
+
+
+@cli_table("Part 6 · sharing keys and values across heads (example model)")
+def _sharing_table() -> pd.DataFrame:
+    """The sharing table of the stated example model (for the command line)."""
+    return sharing_table()
+
+
+#: torch's number type for each byte count a model may store a number in.
+DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
+
+
+def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
+    """A real Hugging Face decoder of model's shape, random weights, built from a config (no download).
+
+    Llama without a window; Mistral with `sliding_window = window`."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    if model.bytes_per_number not in DTYPES:
+        raise ValueError(f"model.bytes_per_number must be one of {sorted(DTYPES)}, got {model.bytes_per_number}")
+    shape = dict(vocab_size=model.vocabulary, hidden_size=model.width, intermediate_size=4 * model.width,
+                 num_hidden_layers=model.layers, num_attention_heads=model.heads,
+                 num_key_value_heads=model.kv_heads, head_dim=model.head_size, max_position_embeddings=4096)
+    torch.manual_seed(seed)
+    if window is None:
+        net = LlamaForCausalLM(LlamaConfig(**shape))
+    else:
+        check_positive(window=window)
+        net = MistralForCausalLM(MistralConfig(sliding_window=window, **shape))
+    return net.to(DTYPES[model.bytes_per_number]).eval()
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes the tensors hold: numel × element_size each (None entries count nothing)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def measured_cache_bytes(cache) -> int:
+    """Bytes of a transformers cache, summed over its real tensors (never from get_seq_length())."""
+    return sum(tensor_bytes((layer.keys, layer.values)) for layer in cache.layers)
+
+
+def cached_tokens(cache) -> int:
+    """Tokens the first layer of a transformers cache holds (its keys: batch, heads, tokens, size)."""
+    return cache.layers[0].keys.shape[2]
+
+
+def cache_check(model: ExampleModel, lengths: Iterable[int] = (5, 17, 40), window: int | None = None,
+                seed: int = 0) -> pd.DataFrame:
+    """Run prompts through a real HF model; its cache bytes against kv_cache_bytes, per length.
+
+    A transformers sliding-window layer keeps window − 1 past tokens: with the new token they
+    make the window. So the formula's window is window − 1."""
+    net = hf_model(model, window, seed)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        check_positive(n=n)
+        ids = torch.randint(0, model.vocabulary, (1, n), generator=g)
+        with torch.no_grad():
+            cache = net(ids, use_cache=True).cache
+        kept = None if window is None else window - 1
+        rows.append({"kv heads": model.kv_heads, "window": window or 0, "tokens": n,
+                     "kept": cached_tokens(cache), "measured bytes": measured_cache_bytes(cache),
+                     "formula bytes": kv_cache_bytes(n, model, kept)})
+    table = pd.DataFrame(rows)
+    table["equal"] = table["measured bytes"] == table["formula bytes"]
+    return table
+
+
+def cache_table(model: ExampleModel, variants: dict[str, tuple[int, int | None]],
+                lengths: Iterable[int] = (5, 17, 40), seed: int = 0) -> pd.DataFrame:
+    """cache_check for several caches of one shape: {name: (kv_heads, window or None)}."""
+    from dataclasses import replace
+
+    tables = [cache_check(replace(model, kv_heads=kv), lengths, window, seed).assign(cache=name)
+              for name, (kv, window) in variants.items()]
+    table = pd.concat(tables, ignore_index=True)
+    table.index = range(1, len(table) + 1)
+    return table[["cache"] + [c for c in table.columns if c != "cache"]]
+
+
+def cache_trace(model: ExampleModel, steps: int = 24, window: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """Feed a real HF model one token at a time; after each, its cache bytes against the formula."""
+    check_positive(steps=steps)
+    net = hf_model(model, window, seed)
+    ids = torch.randint(0, model.vocabulary, (1, steps), generator=torch.Generator().manual_seed(seed))
+    kept = None if window is None else window - 1     # transformers keeps window − 1 past tokens
+    cache, rows = None, []
+    with torch.no_grad():
+        for t in range(steps):
+            cache = net(ids[:, t:t + 1], cache=cache, use_cache=True).cache   # one decode step
+            rows.append({"tokens seen": t + 1, "kept": cached_tokens(cache),
+                         "measured bytes": measured_cache_bytes(cache),
+                         "formula bytes": kv_cache_bytes(t + 1, model, kept)})
+    table = pd.DataFrame(rows).set_index("tokens seen")
+    table["equal"] = table["measured bytes"] == table["formula bytes"]
+    return table
+
+
+@dataclass(frozen=True)
+class ReaderModel(ExampleModel):
+    """A reader's own model: the example model's shape, with its real weight count if known."""
+    weight_count: int | None = None    # None: estimate 12·width² a layer, as the example model does
+
+    @property
+    def parameters(self) -> int:
+        """The weight count given, or the example model's estimate."""
+        return self.weight_count if self.weight_count is not None else super().parameters
+
+
+def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """`python scripts/tx_part4.py kv --layers 32 …`: Part 6's tables for a reader's own model."""
+    import argparse
+
+    default, accel = ExampleModel(), ExampleAccelerator()
+    parser = argparse.ArgumentParser(prog="tx_part4.py kv", description="KV cache, decode time and "
+                                     "conversations that fit, for your model (defaults: the book's example)")
+    parser.add_argument("--layers", type=int, default=default.layers)
+    parser.add_argument("--heads", type=int, default=default.heads)
+    parser.add_argument("--kv-heads", type=int, help="heads that keep their own keys and values "
+                        "(default: --heads, no sharing)")
+    parser.add_argument("--head-size", type=int, default=default.head_size)
+    parser.add_argument("--bytes", type=int, default=default.bytes_per_number, help="bytes a number")
+    parser.add_argument("--vocabulary", type=int, default=default.vocabulary)
+    parser.add_argument("--parameters", type=float, help="your model's weight count, e.g. 8.03e9 "
+                        "(default: 12·width² a layer plus a tied vocabulary, as the example model)")
+    parser.add_argument("--memory-gib", type=float, default=accel.memory_bytes / GIB)
+    parser.add_argument("--tb-per-second", type=float, default=accel.bytes_per_second / 1e12)
+    parser.add_argument("--window", type=int, default=1024)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192, 32768, 131072])
+    args = parser.parse_args(argv)
+    try:
+        if args.parameters is not None:
+            check_positive(parameters=int(args.parameters))
+        model = ReaderModel(layers=args.layers, width=args.heads * args.head_size, heads=args.heads,
+                            head_size=args.head_size, bytes_per_number=args.bytes,
+                            vocabulary=args.vocabulary, kv_heads=args.kv_heads or args.heads,
+                            weight_count=None if args.parameters is None else int(args.parameters))
+        accelerator = ExampleAccelerator(memory_bytes=int(args.memory_gib * GIB),
+                                         bytes_per_second=args.tb_per_second * 1e12)
+        cache_memory(model, accelerator)
+        check_positive(window=args.window, **{f"tokens[{i}]": n for i, n in enumerate(args.tokens)})
+    except ValueError as error:
+        parser.error(str(error))
+    title = (f"Part 6 · {model.layers} layers, {model.heads} heads ({model.kv_heads} with keys and values) "
+             f"of {model.head_size}, {model.bytes_per_number} bytes a number: "
+             f"{kv_bytes_per_token(model) / KIB:,.2f} KiB a token; {model.parameters:,} weights"
+             f"{'' if args.parameters else ' (12·width² a layer)'}; {max_context(model, accelerator):,} tokens fit in "
+             f"{args.memory_gib:g} GiB")
+    return [(title, kv_table(model, accelerator, args.tokens, args.window))]
+
+
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 7 · 07_state_space_hybrids
 # ═══════════════════════════════════════════════════════════════════════════════════════════
+
+import contextlib
+from dataclasses import replace
+from typing import Sequence
+
+import torch.utils._python_dispatch
+
+
+def running_summary(inputs: Sequence[float], keep: float | Sequence[float]) -> list[float]:
+    """A one-number running summary s_t = keep_t · s_(t-1) + x_t; returns s after every step.
+
+    `keep` is one rate for every step, or one rate per step (a rate the content chooses).
+    """
+    rates = [keep] * len(inputs) if isinstance(keep, numbers.Real) else list(keep)
+    if len(rates) != len(inputs):
+        raise ValueError(f"keep must be one number or one per input, got {len(rates)} for {len(inputs)}")
+    if any(not 0 <= rate <= 1 for rate in rates):
+        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
+    summary, history = 0.0, []
+    for x, rate in zip(inputs, rates):
+        summary = rate * summary + x      # shrink what is held, then add what the token brings
+        history.append(summary)
+    return history
+
+
+def weight_left(keep: float, steps: int) -> float:
+    """What is left of a value after `steps` shrinkings by `keep`: keep ** steps (Method 1)."""
+    if not 0 <= keep <= 1:
+        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
+    return keep ** steps
+
+
+def weight_of_first(keep: float | Sequence[float], n: int) -> float:
+    """Method 2: feed 1 at the first of n tokens and 0 after it; read the summary after token n."""
+    check_positive(n=n)
+    return running_summary([1.0] + [0.0] * (n - 1), keep)[-1]
+
+
+def content_rates(kinds: Sequence[str], keep: float = 0.9, hold: float = 0.999) -> list[float]:
+    """The rate each token chooses from its content: `hold` while filler passes, `keep` otherwise."""
+    if not (0 <= keep <= 1 and 0 <= hold <= 1):
+        raise ValueError(f"keep and hold must lie between 0 and 1, got {keep!r} and {hold!r}")
+    return [hold if kind == "filler" else keep for kind in kinds]
+
+
+def decode_work_attention(n: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
+    check_positive(n=n)
+    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
+    mix = n * model.width        # the weighted sum of n value vectors of width numbers
+    return 2 * (scores + mix) * model.layers
+
+
+def decode_work_state_space(model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs a state-space layer spends on one new token, all layers: the same at every length."""
+    numbers_held = model.width * model.state_per_channel   # state numbers of one layer
+    update = numbers_held        # s ← a ⊙ s + u: one multiply-add a state number
+    readout = numbers_held       # y = Σ c ⊙ s: one multiply-add a state number
+    return 2 * (update + readout) * model.layers
+
+
+def attention_step(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One decode step of one attention layer: q (heads, 1, h) against the cache (heads, n, h)."""
+    scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])   # (heads, 1, n)
+    return torch.softmax(scores, dim=-1) @ values                 # (heads, 1, h)
+
+
+def state_space_step(state: torch.Tensor, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor):
+    """One decode step of one state-space layer: every tensor (width, state); returns (state, y)."""
+    state = a * state + u               # shrink each state number, add the new token's part
+    return state, (c * state).sum(-1)   # read one number out of each channel
+
+
+class _ElementwiseCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Count multiplications and additions done elementwise (FlopCounterMode skips them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.operations = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in ("mul", "add"):
+            self.operations += out.numel()        # one operation for each number it writes
+        elif name == "sum":
+            self.operations += args[0].numel()    # accumulate every number into a zero: one add each
+        return out
+
+
+def count_elementwise(fn: Callable, *args) -> int:
+    """Elementwise multiplications and additions that fn(*args) does (sums count one add a number)."""
+    with torch.no_grad(), _ElementwiseCounter() as counter:
+        fn(*args)
+    return counter.operations
+
+
+def state_memory(model: ExampleModel = ExampleModel(), layers: int | None = None) -> int:
+    """Bytes a state-space model keeps: state_per_channel numbers for each channel, in each layer."""
+    layers = model.layers if layers is None else layers
+    check_positive(layers=layers)
+    return layers * model.width * model.state_per_channel * model.bytes_per_number
+
+
+def hybrid_memory(n: int, model: ExampleModel = ExampleModel(), attention_layers: int = 3) -> int:
+    """Bytes of a hybrid: `attention_layers` keep every key and value, the rest keep a state."""
+    check_positive(n=n, attention_layers=attention_layers)
+    if attention_layers > model.layers:
+        raise ValueError(f"attention_layers must be at most {model.layers}, got {attention_layers}")
+    attention = kv_cache_bytes(n, replace(model, layers=attention_layers))   # grows with n
+    rest = model.layers - attention_layers
+    summaries = state_memory(model, rest) if rest else 0                        # fixed
+    return attention + summaries
+
+
+@cli_table("Part 7 · the example model at 32,768 tokens: memory of three designs and a hybrid")
+def memory_table(n: int = 32_768, model: ExampleModel = ExampleModel(), window: int = 1024,
+                 attention_layers: int = 3) -> pd.DataFrame:
+    """Bytes (and MiB) that each design keeps for one conversation of n tokens."""
+    rows = {
+        "attention over everything": kv_cache_bytes(n, model),
+        f"window of {window:,}": kv_cache_bytes(n, model, window),
+        "running summary": state_memory(model),
+        f"hybrid, attention in {attention_layers} of {model.layers}": hybrid_memory(n, model,
+                                                                                   attention_layers),
+    }
+    table = pd.DataFrame({"bytes": rows})
+    table.index.name = "design"
+    table["MiB"] = table["bytes"] / MIB
+    return table
+
+
+def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another (h_0 = 0)."""
+    _check_scan_inputs(a, b)
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
+        h = a[..., t] * h + b[..., t]
+        out.append(h)
+    return torch.stack(out, dim=-1)
+
+
+def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same h_t with two prefix sums in log space (Heinsen 2023): no step waits for another.
+
+    h_t = P_t · Σ_(k≤t) b_k / P_k with P_t = a_1 ⋯ a_t. In logs: log h_t = log P_t +
+    logcumsumexp(log b_k − log P_k). A complex logarithm carries the sign of a negative b.
+    """
+    _check_scan_inputs(a, b)
+    log_p = torch.cumsum(torch.log(a), dim=-1)                           # log P_t, a prefix sum
+    log_b = torch.log(b.to(torch.complex128 if b.dtype == torch.float64 else torch.complex64))
+    log_h = log_p + torch.logcumsumexp(log_b - log_p, dim=-1)            # the second prefix sum
+    return torch.exp(log_h).real.to(b.dtype)
+
+
+def _combine(left, right):
+    """Two steps h ↦ a h + b composed: first `left`, then `right`."""
+    a1, b1 = left
+    a2, b2 = right
+    return a1 * a2, a2 * b1 + b2
+
+
+def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same h_t with PyTorch's associative scan: steps composed pairwise, in log₂ n rounds."""
+    from torch._higher_order_ops import associative_scan
+
+    _check_scan_inputs(a, b)
+    return associative_scan(_combine, (a, b), dim=a.dim() - 1, combine_mode="generic")[1]
+
+
+def scan_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same formula without logs: P_t = exp(cumsum(log a)) underflows, so b / P_t overflows."""
+    _check_scan_inputs(a, b)
+    p = torch.exp(torch.cumsum(torch.log(a), dim=-1))   # a_1 ⋯ a_t: shrinks towards 0
+    return p * torch.cumsum(b / p, dim=-1)              # b / P_t: grows without bound
+
+
+def _check_scan_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
+    """a and b of one shape, rates a in (0, 1]."""
+    if a.shape != b.shape or a.dim() < 1 or a.shape[-1] < 1:
+        raise ValueError(f"a and b must have one shape with a last dimension ≥ 1, got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if not bool(((a > 0) & (a <= 1)).all()):
+        raise ValueError("a must lie in (0, 1]: a rate of forgetting")
+
+
+def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
+    """The first length at which scan_naive breaks for a constant rate `keep` and b = 1.
+
+    Its running total Σ_(k≤t) 1 / keep^k = (keep^−t − 1) / (1 − keep) passes the largest number
+    of `dtype` there; in logs, −t log keep − log(1 − keep) > log max.
+    """
+    if not 0 < keep < 1:
+        raise ValueError(f"keep must lie strictly between 0 and 1, got {keep!r}")
+    return math.floor((math.log(torch.finfo(dtype).max) + math.log(1 - keep)) / -math.log(keep)) + 1
+
+
+def selective_inputs(n: int, channels: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rates and inputs that tokens choose: a = exp(−Δ), b = Δ·x with Δ = softplus(x) (float64)."""
+    check_positive(n=n, channels=channels)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(channels, n, generator=g, dtype=torch.float64)
+    delta = F.softplus(x - 1.0)            # each token sets its own step: large Δ forgets fast
+    return torch.exp(-delta), delta * x
+
+
+@cli_table("Part 7 · a selective scan: loop against two parallel scans (float64, 16 channels)")
+def scan_table(ns: Iterable[int] = (16, 64, 256, 1024), channels: int = 16, seed: int = 0) -> pd.DataFrame:
+    """For each length: the largest difference from the loop, and the autograd depth of each way."""
+    rows = {}
+    for n in ns:
+        a, b = (t.requires_grad_() for t in selective_inputs(n, channels, seed))
+        loop, log_space, assoc = scan_loop(a, b), scan_log_space(a, b), scan_associative(a, b)
+        rows[n] = {
+            "loop depth": graph_depth(loop),
+            "log-space depth": graph_depth(log_space),
+            "associative depth": graph_depth(assoc),
+            "log-space max diff": (log_space - loop).abs().max().item(),
+            "associative max diff": (assoc - loop).abs().max().item(),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    return table
+
+
+def tiny_mamba(seed: int = 0, layers: int = 2, hidden: int = 32, state: int = 16):
+    """A small MambaForCausalLM from a config: random weights, nothing downloaded."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    check_positive(layers=layers, hidden=hidden, state=state)
+    torch.manual_seed(seed)
+    config = MambaConfig(vocab_size=128, hidden_size=hidden, state_size=state, num_hidden_layers=layers,
+                         expand=2, conv_kernel=4)
+    with _quiet_transformers():
+        return MambaForCausalLM(config).eval()
+
+
+def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32, state: int = 16):
+    """A small Jamba hybrid from a config: attention in layer 2 of every 4, Mamba elsewhere."""
+    from transformers import JambaConfig, JambaForCausalLM
+
+    check_positive(layers=layers, hidden=hidden, state=state)
+    torch.manual_seed(seed)
+    config = JambaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
+                         expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
+                         mamba_d_state=state, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)
+    with _quiet_transformers():
+        return JambaForCausalLM(config).eval()
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Hide transformers' notes that Mamba runs its slow reference path on CPU: expected here."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def prompt_cache(model, n: int, seed: int = 0):
+    """Run one prompt of n random tokens through `model`; return the cache it keeps."""
+    check_positive(n=n)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g)
+    with torch.no_grad(), _quiet_transformers():
+        return model(ids, use_cache=True).cache
+
+
+def cache_layer_bytes(cache) -> list[tuple[str, int]]:
+    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors."""
+    rows = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
+            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
+            rows.append(("mamba", tensor_bytes(held)))
+        else:                                        # an attention layer: every key and value
+            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
+    return rows
+
+
+def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
+    """Bytes of one Mamba layer's cache from its config: a window and a state per inner channel."""
+    check_positive(batch=batch, element_size=element_size)
+    if hasattr(config, "mamba_d_state"):             # Jamba names the same sizes with mamba_
+        inner = config.mamba_expand * config.hidden_size
+        window, state = config.mamba_d_conv, config.mamba_d_state
+    else:
+        inner, window, state = config.intermediate_size, config.conv_kernel, config.state_size
+    return batch * inner * (window + state) * element_size   # the last `window` inputs + the state
+
+
+def attention_layer_formula(config, n: int, batch: int = 1, element_size: int = 4) -> int:
+    """Bytes of one attention layer's cache after n tokens: a key and a value per token per kv head."""
+    check_positive(n=n, batch=batch, element_size=element_size)
+    head_size = config.hidden_size // config.num_attention_heads
+    return 2 * batch * config.num_key_value_heads * n * head_size * element_size
+
+
+def real_cache_table(model, ns: Iterable[int] = (16, 64, 256), seed: int = 0) -> pd.DataFrame:
+    """Measured cache bytes of a real model, by kind of layer, against the formulas, per prompt."""
+    size = torch.empty((), dtype=model.dtype).element_size()   # bytes a number, from the weights
+    rows = {}
+    for n in ns:
+        measured = cache_layer_bytes(prompt_cache(model, n, seed))
+        row = {}
+        for kind in ("mamba", "attention"):
+            count = sum(1 for k, _ in measured if k == kind)
+            if not count:
+                continue
+            row[f"{kind} layers"] = count
+            row[f"{kind} measured"] = sum(b for k, b in measured if k == kind)
+            one = (mamba_layer_formula(model.config, element_size=size) if kind == "mamba"
+                   else attention_layer_formula(model.config, n, element_size=size))
+            row[f"{kind} formula"] = count * one
+        rows[n] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "prompt tokens"
+    table["equal"] = [all(table.loc[n, f"{k} measured"] == table.loc[n, f"{k} formula"]
+                          for k in ("mamba", "attention") if f"{k} measured" in table)
+                      for n in table.index]
+    return table
+
+
+@cli_table("Part 7 · a real Mamba cache (tiny, random weights): bytes against the formula")
+def _mamba_cache_table() -> pd.DataFrame:
+    """The Mamba cache table of the notebook, for the command line."""
+    return real_cache_table(tiny_mamba())
+
+
+@cli_table("Part 7 · a real Jamba cache (tiny hybrid, random weights): bytes against the formulas")
+def _jamba_cache_table() -> pd.DataFrame:
+    """The Jamba cache table of the notebook, for the command line."""
+    return real_cache_table(tiny_jamba())
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Command line: print every table of the book
@@ -1134,13 +2012,17 @@ def _cli_float(x: float) -> str:
     return f"{x:,.3f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.3e}"
 
 
-def main() -> None:
-    """Print every registered table of the book, plain text, in the order of the parts."""
+def main(argv: list[str] | None = None) -> None:
+    """Print every registered table of the book, plain text, in the order of the parts.
+
+    `python scripts/tx_part4.py kv --layers 32 --heads 32 --kv-heads 8 --head-size 128 --bytes 2`
+    prints Part 6's cache table for another model (`kv --help` lists the options)."""
+    argv = sys.argv[1:] if argv is None else argv
     pd.set_option("display.width", 140)
     pd.set_option("display.max_colwidth", 60)
-    for title, make in TABLES:
+    tables = kv_cli(argv[1:]) if argv[:1] == ["kv"] else ((title, make()) for title, make in TABLES)
+    for title, table in tables:
         print(f"\n== {title}")
-        table = make()
         print(table.to_string(float_format=_cli_float,
                               formatters={c: "{:,}".format for c in table.columns
                                           if pd.api.types.is_integer_dtype(table[c])}))

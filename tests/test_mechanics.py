@@ -87,6 +87,16 @@ def test_the_command_line_prints_every_table():
     assert f"{8192 * 8192 * 512:,}" in done.stdout      # n²d at n = 8,192, d = 512
 
 
+def test_a_failing_cell_is_named_by_its_line(tmp_path):
+    md = tmp_path / "09_x.md"
+    md.write_text("# T\n\n```{code-cell} ipython3\nx = 1\n```\n\n```{code-cell} ipython3\n"
+                  "x = 1\ny = undefined\n```\n", encoding="utf-8")
+    traceback = ("frames\nAn error occurred while executing the following cell:\n------------------\n"
+                 "x = 1\ny = undefined\n------------------\nNameError: name 'undefined' is not defined")
+    assert book.failing_cell(md, traceback) == "the code cell at line 8"
+    assert book.short_traceback(traceback).startswith("An error occurred")
+
+
 def test_figures_reach_the_page_even_when_the_environment_says_agg(tmp_path, monkeypatch):
     """A kernel that inherits MPLBACKEND=Agg draws nothing: the build must still get the PNG."""
     monkeypatch.setenv("MPLBACKEND", "Agg")

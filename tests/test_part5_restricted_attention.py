@@ -1,0 +1,160 @@
+"""Part 5 helpers against independent methods: loops, the library's SDPA, FlopCounterMode, real masks."""
+
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tx_part4 as tx
+
+CASES = [(n, d, r) for n in (1, 2, 7, 10, 33) for d in (1, 4, 16) for r in (1, 3, 5, 9)]
+
+
+def loop_window_mask(n, r):
+    """The window mask built one pair at a time."""
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for j in range(n):
+            mask[i, j] = abs(i - j) <= r // 2
+    return mask
+
+
+def loop_attention(q, k, v, r):
+    """Restricted attention one query at a time: softmax over the keys of its window only."""
+    n, d = q.shape
+    rows = []
+    for i in range(n):
+        keys = [j for j in range(n) if abs(i - j) <= r // 2]
+        scores = torch.stack([q[i] @ k[j] for j in keys]) / math.sqrt(d)
+        rows.append(torch.softmax(scores, dim=0) @ v[keys])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("n,r", [(n, r) for n in (1, 4, 10, 17) for r in (1, 3, 5, 21)])
+def test_window_mask_matches_loops(n, r):
+    assert torch.equal(tx.window_mask(n, r), loop_window_mask(n, r))
+
+
+def test_window_mask_of_the_book():
+    assert int(tx.window_mask(10, 5).sum()) == 44
+
+
+@pytest.mark.parametrize("n,r", [(1, 1), (3, 5), (10, 5), (12, 7)])
+def test_band_slots_hold_the_mask(n, r):
+    """Scattering the band's slots back into an n × n grid gives the window mask."""
+    slots = tx.band_slots(n, r)
+    grid = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for key in slots[i].tolist():
+            if key >= 0:
+                grid[i, key] = True
+    assert torch.equal(grid, tx.window_mask(n, r))
+    assert slots.shape == (n, r)
+
+
+@pytest.mark.parametrize("n,d,r", CASES)
+def test_three_implementations_agree(n, d, r):
+    g = torch.Generator().manual_seed(n * 100 + d * 10 + r)
+    q, k, v = (torch.randn(n, d, generator=g) for _ in range(3))
+    mask = tx.window_mask(n, r)
+    masked = tx.masked_attention(q, k, v, mask)
+    library = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    banded = tx.banded_attention(q, k, v, r)
+    reference = loop_attention(q, k, v, r)
+    assert torch.allclose(masked, library, atol=1e-6)
+    assert torch.allclose(banded, masked, atol=1e-6)
+    assert torch.allclose(banded, reference, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,d,r", [(n, d, r) for n, d, r in CASES if n > 1])
+def test_flop_counts_match_flop_counter(n, d, r):
+    q, k, v = torch.randn(n, d), torch.randn(n, d), torch.randn(n, d)
+    assert tx.masked_flops(n, d) == tx.flops(tx.masked_attention, q, k, v, tx.window_mask(n, r))
+    assert tx.banded_flops(n, d, r) == tx.flops(tx.banded_attention, q, k, v, r)
+
+
+def test_flop_table_on_meta_equals_real_tensors():
+    meta = tx.flop_table(ns=(16, 40), d=8, r=5, device="meta")
+    real = tx.flop_table(ns=(16, 40), d=8, r=5, device="cpu")
+    assert meta.equals(real)
+    assert meta["equal"].all()
+
+
+def test_time_table_has_positive_times():
+    table = tx.time_table(ns=(32,), d=8, r=5, repeats=1)
+    assert (table[["masked ms", "banded ms"]] > 0).all().all()
+
+
+def brute_pairs(n, window, n_global):
+    """Count allowed pairs with loops, from the definition."""
+    count = 0
+    for i in range(n):
+        for j in range(i + 1):
+            if window is None or i - j < window or j < n_global:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("n,window,n_global", [(n, w, g) for n in (1, 5, 16, 40) for w in (1, 3, 4, 50)
+                                               for g in (0, 1, 2, 7)])
+def test_pair_formulas_match_loops_and_masks(n, window, n_global):
+    expected = brute_pairs(n, window, n_global)
+    assert tx.global_pairs(n, window, n_global) == expected
+    assert int(tx.causal_mask(n, window, n_global).sum()) == expected
+    if n_global == 0:
+        assert tx.sliding_pairs(n, window) == expected
+    assert tx.causal_pairs(n) == brute_pairs(n, None, 0) == int(tx.causal_mask(n).sum())
+
+
+def test_pair_table_equal_column():
+    table = tx.pair_table(cases=((9, 2, 1), (30, 7, 3)))
+    assert table["equal"].all()
+    assert table.loc[2, "allowed"] == brute_pairs(30, 7, 3)
+
+
+@pytest.mark.parametrize("layers,window", [(1, 1), (1, 4), (3, 2), (5, 4), (4, 7)])
+def test_stacked_reach_three_ways(layers, window):
+    n = layers * window + 2
+    formula = [tx.stacked_reach(L, window) for L in range(1, layers + 1)]
+    assert tx.reach_by_mask_products(n, layers, window) == formula
+    assert tx.reach_by_layers(layers, window) == formula
+
+
+def test_trade_table_layers_by_search():
+    """Search the layers a centred window needs to connect 1 and n with the real mask."""
+    n, d = 40, 4
+    for r in (3, 5, 9, 15):
+        mask = tx.window_mask(n, r).long()
+        linked, layers = mask.clone(), 1
+        while not linked[0, n - 1]:
+            linked = ((linked @ mask) > 0).long()
+            layers += 1
+        table = tx.trade_table(n=n, d=d, rs=(r,))
+        assert table.loc[r, "layers to connect"] == layers
+        assert table.loc[r, "work r·n·d"] == r * n * d
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda: tx.window_mask(0, 3), "n"),
+    (lambda: tx.window_mask(4, 4), "r"),
+    (lambda: tx.band_slots(4, -1), "r"),
+    (lambda: tx.banded_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2), 2), "r"),
+    (lambda: tx.banded_attention(torch.ones(3, 2), torch.ones(4, 2), torch.ones(3, 2), 3), "q, k, v"),
+    (lambda: tx.masked_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2),
+                                 torch.ones(3, 3)), "mask"),
+    (lambda: tx.masked_flops(5, 0), "d"),
+    (lambda: tx.banded_flops(5, 2, 6), "r"),
+    (lambda: tx.causal_mask(5, window=0), "window"),
+    (lambda: tx.causal_mask(5, 2, n_global=-1), "n_global"),
+    (lambda: tx.sliding_pairs(5, 0), "window"),
+    (lambda: tx.global_pairs(5, 2, 1.5), "n_global"),
+    (lambda: tx.stacked_reach(0, 4), "layers"),
+    (lambda: tx.reach_by_layers(2, 0), "window"),
+    (lambda: tx.trade_table(n=8, d=2, rs=(4,)), "r"),
+    (lambda: tx.best_time(print, repeats=0), "repeats"),
+])
+def test_bad_input_names_the_argument(call, argument):
+    with pytest.raises(ValueError, match=re.escape(argument)):
+        call()

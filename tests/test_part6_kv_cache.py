@@ -1,0 +1,140 @@
+"""Part 6 helpers against independent methods: real transformers caches, searches, sums, torch's nbytes."""
+
+import re
+from dataclasses import replace
+
+import pytest
+import torch
+
+import tx_part4 as tx
+
+TINY = tx.ExampleModel(layers=2, width=64, heads=8, head_size=8, bytes_per_number=2, vocabulary=64,
+                       kv_heads=8)
+
+
+def llama_cache_bytes(model, n, window=None):
+    """Method 2 without tx's measuring helper: run a real model, read its cache tensors' shapes."""
+    net = tx.hf_model(model, window)
+    with torch.no_grad():
+        cache = net(torch.arange(n)[None] % model.vocabulary, use_cache=True).cache
+    total = 0
+    for layer in cache.layers:
+        for tensor in (layer.keys, layer.values):
+            batch, heads, tokens, size = tensor.shape
+            total += batch * heads * tokens * size * tensor.element_size()
+    return total
+
+
+@pytest.mark.parametrize("kv,layers,bytes_per_number", [(8, 2, 2), (2, 1, 2), (1, 3, 4), (4, 2, 4)])
+@pytest.mark.parametrize("n", [1, 6, 23])
+def test_formula_equals_real_cache(kv, layers, bytes_per_number, n):
+    model = replace(TINY, kv_heads=kv, layers=layers, bytes_per_number=bytes_per_number)
+    assert tx.kv_cache_bytes(n, model) == llama_cache_bytes(model, n)
+
+
+@pytest.mark.parametrize("window,n", [(4, 2), (4, 3), (4, 4), (4, 9), (6, 30)])
+def test_window_formula_equals_real_sliding_cache(window, n):
+    """transformers keeps window − 1 past tokens in a DynamicSlidingWindowLayer."""
+    model = replace(TINY, kv_heads=2)
+    assert tx.kv_cache_bytes(n, model, window - 1) == llama_cache_bytes(model, n, window)
+
+
+def test_cache_table_and_trace_all_equal():
+    table = tx.cache_table(TINY, {"full": (8, None), "shared": (1, None), "window": (2, 5)}, lengths=(3, 11))
+    assert table["equal"].all() and len(table) == 6
+    trace = tx.cache_trace(replace(TINY, kv_heads=2), steps=9, window=4)
+    assert trace["equal"].all()
+    assert trace["kept"].tolist() == [1, 2, 3, 3, 3, 3, 3, 3, 3]
+
+
+def test_example_model_bytes_per_token_second_formula():
+    """Per layer: K and V tensors of shape (kv_heads, head_size) for one token."""
+    model = tx.ExampleModel()
+    per_layer = 2 * torch.empty(model.kv_heads, model.head_size, dtype=torch.bfloat16, device="meta").nbytes
+    assert tx.kv_bytes_per_token(model) == model.layers * per_layer
+
+
+def test_max_context_by_search():
+    """Bisect the longest context whose weights + cache fit; compare."""
+    for kv in (16, 4, 1):
+        model, accel = replace(tx.ExampleModel(), kv_heads=kv), tx.ExampleAccelerator()
+        fits = lambda n: model.weight_bytes + tx.kv_cache_bytes(n, model) <= accel.memory_bytes  # noqa: E731
+        low, high = 0, 1 << 30
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        assert tx.max_context(model, accel) == low
+
+
+def test_conversations_by_counting():
+    """Add conversations one by one until the next does not fit."""
+    model, accel = tx.ExampleModel(), tx.ExampleAccelerator()
+    for tokens in (2048, 32768, 131072):
+        used, count = model.weight_bytes, 0
+        while used + tx.kv_cache_bytes(tokens, model) <= accel.memory_bytes:
+            used += tx.kv_cache_bytes(tokens, model)
+            count += 1
+        assert tx.conversations_that_fit(tokens, model, accel) == count
+
+
+def test_answer_time_is_sum_of_steps_and_closed_form():
+    """Sum of an arithmetic series: answer × (weights + cache at the mean context) / bandwidth."""
+    model, accel = tx.ExampleModel(), tx.ExampleAccelerator()
+    for prompt, answer in ((1, 1), (100, 7), (8192, 256)):
+        mean_context = prompt + (answer - 1) / 2
+        closed = answer * (model.weight_bytes + mean_context * tx.kv_bytes_per_token(model)) / accel.bytes_per_second
+        assert tx.answer_seconds(prompt, answer, model, accel) == pytest.approx(closed, rel=1e-12)
+
+
+def test_prefill_flops_second_formula():
+    """2·params·n + 2 FLOPs × layers × n²/2 pairs × 2 products × width."""
+    model = tx.ExampleModel()
+    for n in (2, 512, 8192):
+        expected = 2 * model.parameters * n + 2 * model.layers * (n * n // 2) * 2 * model.width
+        assert tx.prefill_flops(n, model) == expected
+
+
+def test_prefill_attention_flops_match_flop_counter():
+    """The pair term against FlopCounterMode on one full attention core of the same width: the full
+    grid has n² pairs, the causal count n²/2, so the counter sees exactly twice the causal FLOPs."""
+    n, width = 64, 32
+    model = tx.ExampleModel(layers=1, width=width, heads=1, head_size=width, kv_heads=1)
+    q, k, v = torch.randn(n, width), torch.randn(n, width), torch.randn(n, width)
+    counted = tx.flops(tx.attention_core, q, k, v)          # full grid: 2 products × n² × width × 2
+    causal_flops = 2 * tx.pair_work(n, model)               # 2 FLOPs a multiply-add, n²/2 pairs
+    assert counted == 2 * causal_flops
+
+
+def test_score_grid_bytes_equal_torch_nbytes():
+    for rows, columns, nbytes, dtype in ((8, 8, 2, torch.bfloat16), (128, 64, 4, torch.float32),
+                                         (8192, 8192, 2, torch.float16)):
+        tensor = torch.empty(rows, columns, dtype=dtype, device="meta")
+        assert tx.score_grid_bytes(rows, columns, nbytes) == tensor.nbytes
+
+
+def test_cli_prints_a_table_for_another_model(capsys):
+    tx.main(["kv", "--layers", "32", "--heads", "32", "--kv-heads", "8", "--head-size", "128",
+             "--bytes", "2", "--tokens", "4096"])
+    out = capsys.readouterr().out
+    assert "128.00 KiB a token" in out and "4096" in out
+    with pytest.raises(SystemExit):
+        tx.main(["kv", "--kv-heads", "3"])
+    assert "kv_heads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda: tx.kv_cache_bytes(-1), "tokens"),
+    (lambda: tx.kv_cache_bytes(5, window=0), "window"),
+    (lambda: tx.decode_seconds(1.5), "context"),
+    (lambda: tx.prefill_flops(0), "n"),
+    (lambda: tx.answer_seconds(10, 0), "answer"),
+    (lambda: tx.conversations_that_fit(0), "tokens"),
+    (lambda: tx.score_grid_bytes(0), "rows"),
+    (lambda: tx.score_grid_bytes(4, bytes_per_number=0), "bytes_per_number"),
+    (lambda: tx.max_context(accelerator=tx.ExampleAccelerator(memory_bytes=1000)), "model"),
+    (lambda: tx.hf_model(replace(TINY, bytes_per_number=3)), "bytes_per_number"),
+    (lambda: tx.cache_trace(TINY, steps=0), "steps"),
+])
+def test_bad_input_names_the_argument(call, argument):
+    with pytest.raises(ValueError, match=re.escape(argument)):
+        call()

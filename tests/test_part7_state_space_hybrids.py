@@ -1,0 +1,203 @@
+"""Part 7 helpers against independent methods: closed forms, FlopCounterMode, brute-force loops,
+real tensors and real Hugging Face Mamba and Jamba caches."""
+
+import math
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import tx_part4 as tx
+
+RATES = (0.5, 0.9, 0.98, 0.999)
+
+
+def closed_form_summary(inputs, keep):
+    """s_t = Σ_(k ≤ t) keep^(t − k) x_k, summed directly."""
+    return [sum(keep ** (t - k) * inputs[k] for k in range(t + 1)) for t in range(len(inputs))]
+
+
+@pytest.mark.parametrize("keep", RATES)
+@pytest.mark.parametrize("n", (1, 5, 40))
+def test_running_summary_matches_closed_form(keep, n):
+    inputs = [math.sin(3 * t) for t in range(n)]
+    for got, want in zip(tx.running_summary(inputs, keep), closed_form_summary(inputs, keep)):
+        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("keep", RATES)
+@pytest.mark.parametrize("n", (1, 2, 17, 1000))
+def test_weight_of_first_is_keep_to_the_n_minus_one(keep, n):
+    assert math.isclose(tx.weight_of_first(keep, n), tx.weight_left(keep, n - 1), rel_tol=1e-9)
+
+
+def test_content_rates_product():
+    kinds = ["word"] * 3 + ["filler"] * 10 + ["word"] * 5
+    rates = tx.content_rates(kinds, keep=0.9, hold=0.999)
+    assert rates.count(0.999) == 10
+    assert math.isclose(tx.weight_of_first(rates, len(rates)), math.prod(rates[1:]), rel_tol=1e-12)
+
+
+SMALL_MODELS = [tx.ExampleModel(layers=layers, width=width, heads=heads, head_size=width // heads,
+                                kv_heads=heads, state_per_channel=state)
+                for layers, width, heads, state in ((1, 8, 2, 4), (3, 16, 4, 16), (2, 64, 4, 8))]
+
+
+@pytest.mark.parametrize("model", SMALL_MODELS)
+@pytest.mark.parametrize("n", (1, 7, 64))
+def test_decode_work_attention_matches_flop_counter(model, n):
+    q = torch.randn(model.heads, 1, model.head_size)
+    keys, values = torch.randn(2, model.heads, n, model.head_size)
+    per_layer = tx.flops(tx.attention_step, q, keys, values)
+    assert tx.decode_work_attention(n, model) == model.layers * per_layer
+
+
+@pytest.mark.parametrize("model", SMALL_MODELS)
+def test_decode_work_state_space_matches_elementwise_count(model):
+    state, a, u, c = torch.randn(4, model.width, model.state_per_channel)
+    per_layer = tx.count_elementwise(tx.state_space_step, state, a, u, c)
+    assert tx.decode_work_state_space(model) == model.layers * per_layer
+
+
+def test_count_elementwise_brute_force():
+    x, y, z = torch.randn(3, 5, 7)
+    assert tx.count_elementwise(lambda: x * y + z) == 2 * 35
+    assert tx.count_elementwise(lambda: (x * y).sum(-1)) == 35 + 35
+
+
+@pytest.mark.parametrize("model", SMALL_MODELS + [tx.ExampleModel(kv_heads=4)])
+@pytest.mark.parametrize("n", (1, 5, 33))
+def test_kv_cache_bytes_match_a_real_dynamic_cache(model, n):
+    cache = DynamicCache()
+    for layer in range(model.layers):
+        k, v = torch.randn(2, 1, model.kv_heads, n, model.head_size, dtype=torch.float16)
+        cache.update(k, v, layer)
+    measured = sum(b for _, b in tx.cache_layer_bytes(cache))
+    assert measured == tx.kv_cache_bytes(n, model)
+
+
+@pytest.mark.parametrize("window", (1, 4, 16))
+def test_kv_cache_bytes_window_stops_growing(window):
+    model = SMALL_MODELS[1]
+    sizes = [tx.kv_cache_bytes(n, model, window) for n in range(1, 40)]
+    assert sizes[window - 1:] == [sizes[window - 1]] * (40 - window)
+    assert sizes[:window] == [tx.kv_cache_bytes(n, model) for n in range(1, window + 1)]
+
+
+@pytest.mark.parametrize("model", SMALL_MODELS + [tx.ExampleModel()])
+def test_state_memory_matches_real_tensors(model):
+    states = [torch.zeros(model.width, model.state_per_channel, dtype=torch.float16)
+              for _ in range(model.layers)]
+    assert tx.state_memory(model) == sum(s.numel() * s.element_size() for s in states)
+
+
+@pytest.mark.parametrize("attention_layers", (1, 3, 24))
+@pytest.mark.parametrize("n", (1, 1000, 32_768))
+def test_hybrid_memory_layer_by_layer(attention_layers, n):
+    model = tx.ExampleModel()
+    per_layer = [tx.kv_cache_bytes(n, model) // model.layers if i < attention_layers
+                 else tx.state_memory(model) // model.layers for i in range(model.layers)]
+    assert tx.hybrid_memory(n, model, attention_layers) == sum(per_layer)
+
+
+def brute_force_scan(a, b):
+    """h_t = a_t h_(t-1) + b_t in plain Python numbers, channel by channel."""
+    out = []
+    for row_a, row_b in zip(a.tolist(), b.tolist()):
+        h, row = 0.0, []
+        for at, bt in zip(row_a, row_b):
+            h = at * h + bt
+            row.append(h)
+        out.append(row)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("n,channels", [(1, 1), (5, 3), (64, 4), (300, 2)])
+def test_scans_agree_with_brute_force(n, channels):
+    a, b = tx.selective_inputs(n, channels, seed=n)
+    want = brute_force_scan(a, b)
+    for scan in (tx.scan_loop, tx.scan_log_space, tx.scan_associative):
+        assert torch.allclose(scan(a, b), want, rtol=1e-9, atol=1e-12), scan.__name__
+
+
+def test_scans_float32_and_negative_inputs():
+    a = torch.full((3, 50), 0.95)
+    b = -torch.rand(3, 50) - 0.1
+    assert torch.allclose(tx.scan_log_space(a, b), tx.scan_loop(a, b), rtol=1e-4, atol=1e-5)
+
+
+def test_graph_depth_loop_grows_scans_do_not():
+    depths = {}
+    for n in (8, 16, 32, 64):
+        a, b = (t.requires_grad_() for t in tx.selective_inputs(n, 2))
+        depths[n] = [tx.graph_depth(f(a, b))
+                     for f in (tx.scan_loop, tx.scan_log_space, tx.scan_associative)]
+    loop = [depths[n][0] for n in depths]
+    assert [b - a for a, b in zip(loop, loop[1:])] == [2 * 8, 2 * 16, 2 * 32]   # 2 links a step
+    assert len({depths[n][1] for n in depths}) == 1                               # constant
+    assoc = [depths[n][2] for n in depths]
+    steps = {b - a for a, b in zip(assoc, assoc[1:])}
+    assert len(steps) == 1 and assoc[-1] < loop[-1] / 2       # one step per doubling: log n
+
+
+def test_graph_depth_is_iterative_past_the_recursion_limit():
+    x = torch.ones(1, requires_grad=True)
+    y = x
+    for _ in range(5000):
+        y = y * 1.0
+    assert tx.graph_depth(y) == 5001       # 5,000 MulBackward nodes and the leaf's AccumulateGrad
+
+
+@pytest.mark.parametrize("keep", (0.5, 0.9, 0.99))
+def test_naive_scan_overflows_where_predicted(keep):
+    length = tx.first_overflow(keep) + 5
+    a = torch.full((1, length), keep, dtype=torch.float32)
+    b = torch.ones(1, length, dtype=torch.float32)
+    finite = torch.isfinite(tx.scan_naive(a, b))[0]
+    first_bad = int((~finite).nonzero()[0]) + 1          # positions counted from 1
+    assert abs(first_bad - tx.first_overflow(keep)) <= 1
+    assert finite[: first_bad - 1].all()
+    assert torch.isfinite(tx.scan_log_space(a, b)).all()
+
+
+def test_real_mamba_cache_is_constant_and_matches_formula():
+    model = tx.tiny_mamba(layers=2, hidden=16, state=8)
+    table = tx.real_cache_table(model, ns=(3, 20, 50))
+    assert table["equal"].all()
+    assert table["mamba measured"].nunique() == 1
+    assert table["mamba measured"].iloc[0] == 2 * (2 * 16) * (4 + 8) * 4
+
+
+def test_real_jamba_cache_grows_only_in_attention():
+    model = tx.tiny_jamba(layers=4, hidden=32, state=8)
+    table = tx.real_cache_table(model, ns=(4, 8, 40))
+    assert table["equal"].all()
+    assert table["mamba measured"].nunique() == 1
+    assert list(table["attention measured"]) == [
+        2 * 2 * n * 8 * 4 for n in (4, 8, 40)]          # keys and values, 2 kv heads of 8, float32
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda: tx.running_summary([1, 2], [0.5]), "keep"),
+    (lambda: tx.running_summary([1, 2], 1.5), "keep"),
+    (lambda: tx.weight_left(0.9, -1), "steps"),
+    (lambda: tx.weight_left(2.0, 3), "keep"),
+    (lambda: tx.weight_of_first(0.9, 0), "n"),
+    (lambda: tx.content_rates(["filler"], hold=1.2), "hold"),
+    (lambda: tx.decode_work_attention(0), "n"),
+    (lambda: tx.kv_cache_bytes(10, window=0), "window"),
+    (lambda: tx.state_memory(layers=0), "layers"),
+    (lambda: tx.hybrid_memory(10, attention_layers=25), "attention_layers"),
+    (lambda: tx.hybrid_memory(10, attention_layers=0), "attention_layers"),
+    (lambda: tx.scan_loop(torch.ones(2, 3), torch.ones(2, 4)), "a and b"),
+    (lambda: tx.scan_log_space(torch.zeros(2, 3), torch.ones(2, 3)), "a must"),
+    (lambda: tx.scan_naive(torch.full((1, 2), 1.5), torch.ones(1, 2)), "a must"),
+    (lambda: tx.first_overflow(1.0), "keep"),
+    (lambda: tx.selective_inputs(0), "n"),
+    (lambda: tx.prompt_cache(None, 0), "n"),
+    (lambda: tx.attention_layer_formula(None, 0), "n"),
+    (lambda: tx.mamba_layer_formula(None, batch=0), "batch"),
+])
+def test_bad_input_names_the_argument(call, argument):
+    with pytest.raises(ValueError, match=argument):
+        call()

@@ -1,0 +1,135 @@
+"""Links and references of the built site, read from the HTML files (no browser).
+
+Every internal href and src of every page names a file of the site, and every #anchor an id in
+that file; the bibliography lists entries and every citation link lands on one; every notebook
+page shows as many figures as its source declares; the execution page lists every notebook.
+SKIPS without _build/html (run `make book`); with --require-site (.ci/run) that is a failure.
+The last tests build a small broken site and check that the same functions catch each break.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import sitekit
+from sitekit import HTML, ROOT
+
+CITE = re.compile(r"\{cite(:[a-z]+)?\}`")
+
+
+@pytest.fixture(scope="module")
+def site(request) -> Path:
+    """The built site, or a skip (a failure with --require-site)."""
+    if not (HTML / "index.html").exists():
+        sitekit.skip_or_fail(request.config, "no built site in _build/html: run `make book` first")
+    return HTML
+
+
+def test_every_internal_link_and_image_resolves(site):
+    pages = sitekit.html_pages(site)
+    assert len(pages) >= 3, f"too few pages to be the book: {pages}"
+    problems = sitekit.link_problems(site, pages)
+    assert not problems, f"{len(problems)} broken link(s):\n" + "\n".join(problems)
+
+
+def bibliography(site: Path) -> tuple[str, set[str]]:
+    """The page that holds the bibliography and the ids of its entries."""
+    for page in sitekit.html_pages(site):
+        soup = sitekit.parsed((site / page).resolve())
+        entries = {e["id"] for e in soup.select('[role="doc-biblioentry"][id]')}
+        if entries:
+            return page, entries
+    return "", set()
+
+
+def citation_links(site: Path, page: str, bib_page: str) -> list[str]:
+    """The fragments of a page's links into the bibliography page."""
+    soup = sitekit.parsed((site / page).resolve())
+    fragments = []
+    for link in soup.find_all("a", href=True):
+        found = sitekit.internal_target(site, page, link["href"])
+        if found and found[0] == (site / bib_page).resolve() and found[1]:
+            fragments.append(found[1])
+    return fragments
+
+
+def test_the_bibliography_has_entries_and_every_citation_lands_on_one(site):
+    bib_page, entries = bibliography(site)
+    assert bib_page and entries, "no page of the site lists bibliography entries"
+    problems, cited = [], set()
+    for page in sitekit.html_pages(site):
+        fragments = citation_links(site, page, bib_page) if page != bib_page else []
+        cited |= set(fragments)
+        problems += [f"{page}: citation #{f} is not an entry of {bib_page}"
+                     for f in fragments if f not in entries]
+        source = sitekit.source_of(page)
+        if source and CITE.search(source.read_text(encoding="utf-8")) and not fragments:
+            problems.append(f"{page}: its source cites, the page links no bibliography entry")
+    assert cited, "no page cites the bibliography"
+    assert not problems, "\n".join(problems)
+
+
+def test_every_notebook_page_shows_its_figures(site):
+    problems = []
+    for stem in sitekit.notebook_stems():
+        page = f"notebooks/{stem}.html"
+        if not (site / page).exists():
+            problems.append(f"{page}: missing (is notebooks/{stem}.md in _toc.yml?)")
+            continue
+        wanted = sitekit.figure_cells(ROOT / "notebooks" / f"{stem}.md")
+        soup = sitekit.parsed((site / page).resolve())
+        shown = [img for img in soup.find_all("img", src=True) if "_images/" in img["src"]]
+        if len(shown) < wanted:
+            problems.append(f"{page}: {wanted} figure cells, {len(shown)} figures on the page "
+                            f"(a kernel with MPLBACKEND=Agg draws none)")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_execution_page_lists_every_notebook(site):
+    page = site / "book" / "execution.html"
+    assert page.exists(), "book/execution.md is not in the site (is it in _toc.yml?)"
+    table = sitekit.parsed(page.resolve()).find("table")
+    assert table is not None, "the execution page has no table"
+    text = table.get_text(" ")
+    missing = [stem for stem in sitekit.notebook_stems() if stem not in text]
+    assert not missing, f"the execution table lacks {missing}"
+
+
+# ── the checks catch a broken site ────────────────────────────────────────────────────────
+
+
+def write(path: Path, text: str) -> None:
+    """Write a file, making its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def test_link_problems_catch_each_kind_of_break(tmp_path):
+    write(tmp_path / "a" / "one.html",
+          '<h1 id="top">One</h1><a href="two.html#here">ok</a> <a href="two.html#gone">no anchor</a>'
+          '<a href="../missing.html">no file</a> <img src="../_images/fig.png">'
+          '<img src="../_images/gone.png"> <a href="#top">self</a> <a href="#nowhere">self, none</a>'
+          '<a href="https://example.org/x">outside</a> <a href="mailto:a@b.c">mail</a>'
+          '<script src="../_static/gone.js"></script> <a href="../">folder</a>')
+    write(tmp_path / "a" / "two.html", '<p id="here">Two</p>')
+    write(tmp_path / "index.html", "<p>home</p>")
+    (tmp_path / "_images").mkdir()
+    (tmp_path / "_images" / "fig.png").write_bytes(b"png")
+    sitekit.parsed.cache_clear()
+    problems = sitekit.link_problems(tmp_path)
+    assert sorted(re.search(r'="([^"]+)"', p).group(1) for p in problems) == [
+        "#nowhere", "../_images/gone.png", "../_static/gone.js", "../missing.html", "two.html#gone"]
+    assert sitekit.html_pages(tmp_path) == ["a/one.html", "a/two.html", "index.html"]
+
+
+def test_the_bibliography_check_catches_a_citation_to_nowhere(tmp_path):
+    write(tmp_path / "refs.html", '<div role="doc-biblioentry" id="id1">Vaswani</div>')
+    write(tmp_path / "page.html", '<a href="refs.html#id1">[1]</a> <a href="refs.html#id9">[9]</a>')
+    sitekit.parsed.cache_clear()
+    page, entries = bibliography(tmp_path)
+    assert (page, entries) == ("refs.html", {"id1"})
+    assert citation_links(tmp_path, "page.html", page) == ["id1", "id9"]
+    assert any("#id9" in p for p in sitekit.link_problems(tmp_path))

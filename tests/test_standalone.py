@@ -1,0 +1,103 @@
+"""Every notebook runs alone, as a learner runs it: its .ipynb copied into an empty folder and
+executed top to bottom by nbclient with the project's own interpreter (the python3 kernel of
+this environment), offline, with no file of the repository beside it.
+
+Slow (about 15 s a notebook): the notebooks run two at a time in a process pool inside one
+module fixture, and each is reported as its own test. `make test` runs them; `-m "not slow"`
+leaves them out.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat                                      # imported here, once: the forked workers share it
+import pytest
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+TIMES = ROOT / "_build" / "execution_times.json"     # the last build's times: longest first
+TIMEOUT = 300                                        # seconds a cell may run
+WORKERS = 2                                          # notebooks at a time (a 2-core machine)
+
+
+def run_alone(path: str) -> tuple[str, float, str | None]:
+    """Copy one notebook into an empty folder and execute it there; (name, seconds, error)."""
+    os.environ.pop("MPLBACKEND", None)               # as in Jupyter: the inline backend draws
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")   # no network
+    name = Path(path).stem
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / Path(path).name
+        shutil.copy(path, copy)
+        notebook = nbformat.read(copy, as_version=4)
+        kernel = KernelManager(kernel_name=notebook.metadata.get("kernelspec", {}).get("name", ""))
+        command = kernel.format_kernel_cmd()
+        if command[0] != sys.executable:
+            return name, 0.0, f"the kernel runs {command[0]}, not this project's {sys.executable}"
+        if sorted(os.listdir(folder)) != [copy.name]:
+            return name, 0.0, f"the folder is not empty: {os.listdir(folder)}"
+        start = time.perf_counter()
+        try:
+            NotebookClient(notebook, km=kernel, timeout=TIMEOUT, allow_errors=False,
+                           resources={"metadata": {"path": folder}}).execute()
+        except Exception as error:      # noqa: BLE001 — the error is the finding, by notebook
+            return name, time.perf_counter() - start, f"{type(error).__name__}: {error}"
+        finally:
+            if kernel.has_kernel:       # a kernel we passed in is ours to stop
+                kernel.shutdown_kernel(now=True)
+        return name, time.perf_counter() - start, None
+
+
+@pytest.fixture(scope="module")
+def results(request) -> dict[str, tuple[float, str | None]]:
+    """Execute the selected notebooks, WORKERS at a time, longest (by the last build) first."""
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_notebook_runs_alone"}
+    previous = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    paths = sorted((p for p in NOTEBOOKS if p.stem in selected),
+                   key=lambda p: -previous.get(p.stem, 0.0))
+    with concurrent.futures.ProcessPoolExecutor(max_workers=WORKERS) as pool:
+        done = {name: (seconds, error)
+                for name, seconds, error in pool.map(run_alone, map(str, paths))}
+    for name, (seconds, _) in sorted(done.items()):
+        print(f"  {name:35s} {seconds:6.1f} s alone")
+    return done
+
+
+def test_there_are_notebooks_to_run():
+    assert NOTEBOOKS, "notebooks/ holds no NN_name.ipynb"
+    missing = [md.stem for md in (ROOT / "notebooks").glob("[0-9][0-9]_*.md")
+               if not md.with_suffix(".ipynb").exists()]
+    assert not missing, f"no .ipynb beside {missing} (run `make sync`)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [p.stem for p in NOTEBOOKS])
+def test_notebook_runs_alone(results, name):
+    seconds, error = results[name]
+    assert error is None, f"notebooks/{name}.ipynb, run alone in an empty folder, failed " \
+                          f"after {seconds:.1f} s:\n{error}"
+
+
+def test_a_notebook_that_needs_a_file_beside_it_fails_alone(tmp_path):
+    """The check can fail: a notebook reading a file of the repository breaks when run alone."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    notebook.cells = [nbformat.v4.new_code_cell("x = 1"),
+                      nbformat.v4.new_code_cell("open('numbers.toml').read()")]
+    path = tmp_path / "99_needs_a_file.ipynb"
+    nbformat.write(notebook, path)
+    (tmp_path / "numbers.toml").write_text("# beside it, but not copied with it\n")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1) as pool:   # environment kept apart
+        name, seconds, error = pool.submit(run_alone, str(path)).result()
+    assert name == "99_needs_a_file" and error is not None and "numbers.toml" in error
