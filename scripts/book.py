@@ -469,9 +469,9 @@ def problem_table(problems: list[Problem]) -> str:
     return "\n".join(lines)
 
 
-def check_numbers(only: list[str] | None = None) -> None:
+def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> None:
     """Compare the build's glued values with numbers.toml; fail with a table of every problem."""
-    expected, glued = load_expected(), glued_values(only)
+    expected, glued = load_expected(), glued if glued is not None else glued_values(only)
     if only:
         expected = {page: keys for page, keys in expected.items() if page in only}
     problems = compare(expected, glued)
@@ -547,9 +547,10 @@ def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str,
     return "\n".join(lines) + "\n"
 
 
-def write_ledger() -> None:
-    """Write book/ledger.md for this build."""
-    LEDGER.write_text(ledger_text(load_expected(), glued_values()), encoding="utf-8")
+def write_ledger(glued: dict | None = None) -> None:
+    """Write book/ledger.md for this build (from `glued`, if the caller has read it already)."""
+    glued = glued if glued is not None else glued_values()
+    LEDGER.write_text(ledger_text(load_expected(), glued), encoding="utf-8")
     print(f"ledger: {rel(LEDGER)} written")
 
 
@@ -594,9 +595,10 @@ def build() -> None:
     start = time.perf_counter()
     check_sync()
     times = execute()
-    write_ledger()
+    glued = glued_values()          # read once: the ledger and the check use the same values
+    write_ledger(glued)
     html()
-    check_numbers()
+    check_numbers(glued=glued)
     print("\n".join(budget_report(times, time.perf_counter() - start)))
     print(f"make book: {time.perf_counter() - start:.1f} s in all")
 
