@@ -223,8 +223,10 @@ def short_traceback(traceback: str) -> str:
     return traceback[traceback.index(marker):] if marker in traceback else traceback
 
 
-def execute(only: list[str] | None = None) -> dict[str, float]:
-    """Execute every notebook into a fresh jupyter-cache, two at a time, longest first."""
+def execute(only: list[str] | None = None, glued: dict | None = None) -> dict[str, float]:
+    """Execute every notebook into a fresh jupyter-cache, two at a time, longest first.
+
+    Returns each notebook's seconds; fills `glued`, if given, with each page's glued values."""
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
@@ -251,6 +253,8 @@ def execute(only: list[str] | None = None) -> dict[str, float]:
             cache.cache_notebook_bundle(
                 CacheBundleIn(notebook, path, data={"execution_seconds": seconds}),
                 check_validity=False, overwrite=True)
+            if glued is not None:
+                glued[stem] = glued_in_notebook(notebook)
             print(f"  {stem:35s} {seconds:6.1f} s")
     print(f"executed {len(paths)} notebooks in {time.perf_counter() - start:.1f} s "
           f"({workers} at a time)")
@@ -594,8 +598,8 @@ def build() -> None:
     """Everything `make book` does: pairs, execution, ledger, site, number check, the times."""
     start = time.perf_counter()
     check_sync()
-    times = execute()
-    glued = glued_values()          # read once: the ledger and the check use the same values
+    glued: dict[str, dict[str, Glued]] = {}
+    times = execute(glued=glued)    # the executed notebooks' glue: the ledger and the check share it
     write_ledger(glued)
     html()
     check_numbers(glued=glued)
