@@ -1,5 +1,6 @@
 # Why Self-Attention: `make book` builds and checks the book, `make test` runs the tests.
-# Both create .venv from requirements.txt on first use (and again when the pins change).
+# Both create .venv from requirements.txt and requirements-nodeps.txt on first use (and again
+# when the pins change).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -28,14 +29,17 @@ test: env
 ## env: create .venv with the pinned packages and the book's helpers (only when missing or pins changed)
 env: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
-	@if [ -d $(VENV) ] && ! cmp -s requirements.txt $(STAMP); then \
-		echo "requirements.txt changed: recreating $(VENV)"; rm -rf $(VENV); fi
+PINS := requirements.txt requirements-nodeps.txt
+
+$(STAMP): $(PINS) pyproject.toml
+	@if [ -d $(VENV) ] && ! cat $(PINS) | cmp -s - $(STAMP); then \
+		echo "the pins changed: recreating $(VENV)"; rm -rf $(VENV); fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	cp requirements.txt $(STAMP)
+	cat $(PINS) > $(STAMP)
 
 ## sync: re-pair every notebooks/*.md with its .ipynb (after an edit in either), outputs stripped
 sync: env

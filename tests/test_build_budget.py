@@ -29,3 +29,22 @@ def test_the_build_does_not_fail_on_time(monkeypatch, capsys):
     book.build()
     out = capsys.readouterr().out
     assert "WARNING: notebooks/03_late.md took" in out and "make book:" in out
+
+
+def test_the_pinned_environment_leaves_out_the_slow_imports():
+    """Two packages that nothing in the book uses cost seconds in every build when installed.
+
+    rfc3987-syntax (jsonschema imports it when present: 2.5 s in every process that reads a
+    notebook) and SciPy (transformers imports it with every model: 1 s a page). requirements.txt
+    pins jsonschema below 4.25 and requirements-nodeps.txt installs the model package alone.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    installed = []
+    for name in ("rfc3987-syntax", "scipy"):
+        try:
+            installed.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    assert not installed, (f"{', '.join(installed)} installed: it slows every build; see the "
+                           f"comments in requirements.txt and requirements-nodeps.txt")
