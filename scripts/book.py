@@ -19,6 +19,7 @@ import ast
 import concurrent.futures
 import difflib
 import hashlib
+import html as html_module
 import json
 import math
 import os
@@ -198,7 +199,10 @@ def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     # nothing and the pages lose their figures. Jupyter's inline backend puts them in the output.
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     with tempfile.TemporaryDirectory() as cwd:
-        result = single_nb_execution(notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False)
+        # "immediate": once the last cell's outputs are in, stop the kernel at once. A graceful
+        # stop lets a kernel that has imported torch tear itself down first: 2 s per notebook.
+        result = single_nb_execution(notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False,
+                                     shutdown_kernel="immediate")
     if result.err is not None:
         return path, result.time, result.exc_string or repr(result.err), None
     return path, result.time, None, notebook
@@ -237,7 +241,8 @@ def execute(only: list[str] | None = None, glued: dict | None = None) -> dict[st
     for path in paths:
         cache.add_nb_to_project(str(path), read_data=READER)
     previous = json.loads(TIMES.read_text()) if TIMES.exists() else {}
-    paths.sort(key=lambda p: -previous.get(p.stem, 0.0))
+    # Longest first, by the last build's times; before any build, by size (longer pages run longer).
+    paths.sort(key=lambda p: (-previous.get(p.stem, 0.0), -p.stat().st_size))
     workers = max(1, min(len(paths), os.cpu_count() or 1))
     times, errors = {}, []
     start = time.perf_counter()
@@ -520,6 +525,33 @@ def default_meaning(key: str) -> str:
     return ""
 
 
+def inline_html(text: str) -> str:
+    """Plain text as HTML, with `backticks` set as code, as MyST would set them."""
+    parts = html_module.escape(text).split("`")
+    return "".join(f'<code class="docutils literal notranslate">{part}</code>' if i % 2 else part
+                   for i, part in enumerate(parts))
+
+
+LEDGER_COLUMNS = (("key", "left"), ("meaning", "left"), ("kind", "left"), ("tolerance", "right"),
+                  ("seeds publish", "right"), ("this build", "right"), ("status", "left"))
+
+
+def ledger_table(rows: list[list[str]]) -> list[str]:
+    """One page's rows as a raw HTML table, styled as the theme styles a Markdown table.
+
+    Raw HTML, not a Markdown table: Sphinx turns each of about 800 Markdown rows into a tree of
+    nodes, and that cost 4 s of every build on a 2-core machine; raw HTML passes through.
+    """
+    head = "".join(f'<th class="head" style="text-align: {align}">{name}</th>'
+                   for name, align in LEDGER_COLUMNS)
+    body = ["<tr>" + "".join(f'<td style="text-align: {align}">{inline_html(cell)}</td>'
+                             for cell, (_, align) in zip(row, LEDGER_COLUMNS)) + "</tr>"
+            for row in rows]
+    return ["```{raw} html", '<div class="pst-scrollable-table-container">',
+            '<table class="table ledger">', f"<thead><tr>{head}</tr></thead>", "<tbody>",
+            *body, "</tbody></table></div>", "```"]
+
+
 def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> str:
     """The ledger page: every checked number, its meaning, kind, tolerance, seed, build value, status."""
     problems = {(p.page, p.key): p.reason for p in compare(expected, glued)}
@@ -536,18 +568,17 @@ def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str,
         "checked to be numbers, while the relations between them are checked as exact booleans.",
     ]
     for page in sorted(expected):
-        lines += ["", f"## [{page}](../notebooks/{page}.md)", "",
-                  "| key | meaning | kind | tolerance | seeds publish | this build | status |",
-                  "|:--|:--|:--|--:|--:|--:|:--|"]
+        rows = []
         for key, entry in expected[page].items():
             kind = entry["kind"]
             tol = entry.get("tol") or DEFAULT_TOL.get(kind)
             have = glued.get(page, {}).get(key)
             status = problems.get((page, key), "ok")
-            cells = [f"`{key}`", entry.get("meaning") or default_meaning(key), kind, f"{tol:g}" if tol else "—",
-                     fmt(entry.get("seed")), fmt(have.value if have else None),
-                     "✅ ok" if status == "ok" else f"❌ {status}"]
-            lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+            rows.append([f"`{key}`", entry.get("meaning") or default_meaning(key), kind,
+                         f"{tol:g}" if tol else "—", fmt(entry.get("seed")),
+                         fmt(have.value if have else None),
+                         "✅ ok" if status == "ok" else f"❌ {status}"])
+        lines += ["", f"## [{page}](../notebooks/{page}.md)", "", *ledger_table(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -567,6 +598,7 @@ def html() -> None:
                "--builder", "html", "-W", "-n", "--keep-going",
                "--all"]   # re-read every page: a page whose .md is unchanged still has new outputs
     print("$ jupyter-book", " ".join(command[1:]))
+    shutil.rmtree(BUILD / "html", ignore_errors=True)   # no page left over from an older build
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     warnings = [line for line in (done.stdout + done.stderr).splitlines()
                 if re.search(r"(WARNING|ERROR|CRITICAL)", line)]
