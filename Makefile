@@ -32,14 +32,14 @@ env: $(STAMP)
 PINS := requirements.txt requirements-nodeps.txt
 
 $(STAMP): $(PINS) pyproject.toml
-	@if [ -d $(VENV) ] && ! cat $(PINS) | cmp -s - $(STAMP); then \
+	@if [ -d $(VENV) ] && ! grep -hv '^#' $(PINS) | cmp -s - $(STAMP); then \
 		echo "the pins changed: recreating $(VENV)"; rm -rf $(VENV); fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	cat $(PINS) > $(STAMP)
+	grep -hv '^#' $(PINS) > $(STAMP)      # the pins without their comments
 
 ## sync: re-pair every notebooks/*.md with its .ipynb (after an edit in either), outputs stripped
 sync: env
