@@ -139,3 +139,17 @@ def test_changing_one_count_by_one_fails_the_check(tmp_path):
     drifted = {p.key: (p.expected, p.got) for p in problems}
     assert drifted["core_27"] == (746496, 746497)
     assert "core_27" in problem_table(problems)
+
+
+def test_the_ledger_rows_are_escaped_html_with_a_status_each():
+    """The ledger's tables are raw HTML: text is escaped, `code` is set as code, drift is shown."""
+    expected = {"01_a": {"ok_key": {"kind": "exact", "value": 3, "meaning": "a < b & c"},
+                         "t.8.n": {"kind": "exact", "value": 5}}}
+    glued = {"01_a": {"ok_key": Glued(3), "t.8.n": Glued(6)}}
+    text = book.ledger_text(expected, glued)
+    assert "a &lt; b &amp; c" in text and "a < b" not in text
+    assert '<code class="docutils literal notranslate">ok_key</code>' in text
+    assert '<code class="docutils literal notranslate">t</code>, row 8' in text   # default meaning
+    assert text.count("<tr>") == 3                                               # a head, two rows
+    assert "✅ ok" in text and "❌ drifted" in text
+    assert text.count("```{raw} html") == 1 and "## [01_a](../notebooks/01_a.md)" in text
