@@ -1544,6 +1544,35 @@ def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
     return net.to(DTYPES[model.bytes_per_number]).eval()
 
 
+def model_cache(output):
+    """The cache a transformers model returned, on every supported release.
+
+    transformers 5.24 names it `output.cache`; earlier 5.x releases `past_key_values`
+    (`cache_params` for Mamba). Reading `.cache` alone breaks on those releases.
+    """
+    fields = getattr(output, "__dataclass_fields__", {})
+    for name in ("cache", "past_key_values", "cache_params"):
+        if name in fields:
+            return getattr(output, name)
+    raise ValueError(f"output must be a transformers model output with a cache, got {type(output).__name__}")
+
+
+def cache_argument(model) -> str:
+    """The name under which `model.forward` takes a cache back: `cache` in transformers 5.24,
+    `past_key_values` (or Mamba's `cache_params`) before it.
+
+    Passing the wrong name fails silently on older releases: the model ignores it and starts a
+    fresh cache at every step.
+    """
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values", "cache_params"):
+        if name in parameters:
+            return name
+    raise ValueError(f"model must take a cache in its forward(), got {type(model).__name__}")
+
+
 def tensor_bytes(tensors) -> int:
     """Bytes the tensors hold: numel × element_size each (None entries count nothing)."""
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
@@ -1572,7 +1601,7 @@ def cache_check(model: ExampleModel, lengths: Iterable[int] = (5, 17, 40), windo
         check_positive(n=n)
         ids = torch.randint(0, model.vocabulary, (1, n), generator=g)
         with torch.no_grad():
-            cache = net(ids, use_cache=True).cache
+            cache = model_cache(net(ids, use_cache=True))
         kept = None if window is None else window - 1
         rows.append({"kv heads": model.kv_heads, "window": window or 0, "tokens": n,
                      "kept": cached_tokens(cache), "measured bytes": measured_cache_bytes(cache),
@@ -1603,7 +1632,8 @@ def cache_trace(model: ExampleModel, steps: int = 24, window: int | None = None,
     cache, rows = None, []
     with torch.no_grad():
         for t in range(steps):
-            cache = net(ids[:, t:t + 1], cache=cache, use_cache=True).cache   # one decode step
+            step = {cache_argument(net): cache}                 # the cache back in, under this release's name
+            cache = model_cache(net(ids[:, t:t + 1], use_cache=True, **step))   # one decode step
             rows.append({"tokens seen": t + 1, "kept": cached_tokens(cache),
                          "measured bytes": measured_cache_bytes(cache),
                          "formula bytes": kv_cache_bytes(t + 1, model, kept)})
@@ -1941,7 +1971,7 @@ def prompt_cache(model, n: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g)
     with torch.no_grad(), _quiet_transformers():
-        return model(ids, use_cache=True).cache
+        return model_cache(model(ids, use_cache=True))
 
 
 def cache_layer_bytes(cache) -> list[tuple[str, int]]:

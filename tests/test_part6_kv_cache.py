@@ -16,7 +16,7 @@ def llama_cache_bytes(model, n, window=None):
     """Method 2 without tx's measuring helper: run a real model, read its cache tensors' shapes."""
     net = tx.hf_model(model, window)
     with torch.no_grad():
-        cache = net(torch.arange(n)[None] % model.vocabulary, use_cache=True).cache
+        cache = tx.model_cache(net(torch.arange(n)[None] % model.vocabulary, use_cache=True))
     total = 0
     for layer in cache.layers:
         for tensor in (layer.keys, layer.values):
