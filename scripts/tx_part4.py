@@ -30,6 +30,10 @@ from torch.utils.flop_counter import FlopCounterMode
 # transformers imports tqdm.auto, which warns in a kernel without ipywidgets; the book needs no bars.
 warnings.filterwarnings("ignore", message="IProgress not found")
 
+#: This module under the name the notebooks give it, so that code saved from a notebook cell
+#: (`tx.check_positive(...)`) runs unchanged here (d2l's `d2l = sys.modules[__name__]`).
+tx = sys.modules[__name__]
+
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 0 · the book's mechanics: checks of input, glue, tables, seeds, figure style
 # ═══════════════════════════════════════════════════════════════════════════════════════════
@@ -106,6 +110,24 @@ def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float
         _glue(key, value, kind, tol)
     print(f"{key} = {value if isinstance(value, bool) else fmt.format(value)}")   # "{:,}" makes True 1
     return value
+
+
+def record(values: dict | None = None, /, *, kind: str | None = None, tol: float | None = None,
+           **named) -> dict:
+    """Glue several values at once: `record(a=1, b=2.5)` or `record({f"share_{n}": s, ...})`.
+
+    Each value is glued under its key and printed as `key = value`, as `show` does; `kind` and
+    `tol` apply to all of them. Keys built from the variables that made the values (f-strings)
+    follow a reader who changes those variables. Returns the plain values, by key.
+    """
+    values = {**(values or {}), **named}
+    if not values:
+        raise ValueError("values must name at least one value to record, got none")
+    done = {}
+    for key, value in values.items():
+        value = plain(value)
+        done[key] = show(key, value, "{:,.6g}" if isinstance(value, float) else "{:,}", kind, tol)
+    return done
 
 
 def table_key(name: str, row, column) -> str:
