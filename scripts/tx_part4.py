@@ -52,6 +52,42 @@ def check_positive(**sizes: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_nonnegative(**counts: int) -> None:
+    """Raise ValueError naming the first argument that is not a whole number ≥ 0."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+
+
+def check_rate(low_open: bool = False, high_open: bool = False, **rates: float) -> None:
+    """Raise ValueError naming the first rate outside [0, 1] (or (0, 1], [0, 1), (0, 1))."""
+    for name, rate in rates.items():
+        above = rate > 0 if low_open else rate >= 0
+        below = rate < 1 if high_open else rate <= 1
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not (above and below):
+            span = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+            raise ValueError(f"{name} must lie in {span}, got {rate!r}")
+
+
+def check_positive_number(**values: float) -> None:
+    """Raise ValueError naming the first argument that is not a finite number > 0."""
+    for name, value in values.items():
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+                or value <= 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    """Queries (..., n, d), keys and values (..., m, d) of one width, and an optional (n, m) bool mask."""
+    if (q.dim() < 2 or k.shape != v.shape or q.shape[-1] != k.shape[-1]
+            or q.shape[:-2] != k.shape[:-2]):
+        raise ValueError(f"q, k, v must be (..., n, d), (..., m, d), (..., m, d) tensors, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != (q.shape[-2], k.shape[-2])):
+        raise ValueError(f"mask must be ({q.shape[-2]}, {k.shape[-2]}) booleans, got "
+                         f"{tuple(mask.shape)} {mask.dtype}")
+
+
 def plain(value):
     """A plain Python bool, int, float or str: glue cannot format NumPy or torch scalars."""
     if isinstance(value, (bool, int, float, str)) and type(value) in (bool, int, float, str):
@@ -278,6 +314,8 @@ class ExampleAccelerator:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
+# ── saved from notebooks/01_costs.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+
 class AttentionCount(NamedTuple):
     """Multiply-adds of one self-attention layer, one head, split by where they come from."""
     scores: int       # Q Kᵀ
@@ -290,15 +328,9 @@ class AttentionCount(NamedTuple):
         return self.scores + self.mix
 
 
-class RecurrentCount(NamedTuple):
-    """Multiply-adds of one recurrent layer h_t = tanh(x_t W + h_(t-1) U)."""
-    chain: int   # h_(t-1) U: the product that must wait for the previous step
-    input: int   # x_t W: the product that can be done for all positions at once
-
-
 def count_self_attention(n: int, d: int) -> AttentionCount:
     """Multiply-adds of one self-attention layer of n positions and width d, from the shapes."""
-    check_positive(n=n, d=d)
+    tx.check_positive(n=n, d=d)
     return AttentionCount(
         scores=n * n * d,           # Q Kᵀ: n × n dot products of d numbers
         mix=n * n * d,              # weights V: n rows, each a sum of n value vectors of d numbers
@@ -306,13 +338,35 @@ def count_self_attention(n: int, d: int) -> AttentionCount:
     )
 
 
+class RecurrentCount(NamedTuple):
+    """Multiply-adds of one recurrent layer h_t = tanh(x_t W + h_(t-1) U)."""
+    chain: int   # h_(t-1) U: the product that must wait for the previous step
+    input: int   # x_t W: the product that can be done for all positions at once
+
+
 def count_recurrent(n: int, d: int) -> RecurrentCount:
     """Multiply-adds of one recurrent layer of n positions and width d, from the shapes."""
-    check_positive(n=n, d=d)
+    tx.check_positive(n=n, d=d)
     return RecurrentCount(
         chain=n * d * d,   # h U: one d × d product per position, one after another
         input=n * d * d,   # x W: one d × d product per position, all at once
     )
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention: scores, softmax, mix. q (..., n, d); k, v (..., m, d).
+
+    `mask` (n, m) is False where a query may not look (a window in Part 5, the past in a decoder).
+    """
+    tx.check_qkv(q, k, v, mask)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # (..., n, m): every query, every key
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))       # hidden pairs get weight 0
+    weights = torch.softmax(scores, dim=-1)                     # each row sums to 1
+    return weights @ v                                          # (..., n, d): a mix of the values
+
+# ── end of the cells saved from notebooks/01_costs.md ──
 
 
 def count_conv(n: int, d: int, k: int) -> int:
@@ -351,15 +405,6 @@ def flops(fn: Callable, *args) -> int:
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         fn(*args)
     return counter.get_total_flops()
-
-
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The part of self-attention that Table 1 counts: scores, softmax, mix. q, k, v: (n, d)."""
-    if q.dim() != 2 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    scores = q @ k.T / math.sqrt(q.shape[1])   # (n, n): every query against every key
-    return torch.softmax(scores, dim=-1) @ v   # (n, d): each row a weighted mix of the values
 
 
 def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
@@ -425,14 +470,14 @@ def hand_check(n: int, d: int) -> dict[str, int]:
     }
 
 
-def pair_work(n: int, model: ExampleModel = ExampleModel()) -> float:
+def count_pairs(n: int, model: ExampleModel = ExampleModel()) -> float:
     """Multiply-adds on pairs of positions in one causal layer of the example model."""
     check_positive(n=n)
     causal_pairs = n * n / 2                   # each position compares itself with those before it
     return causal_pairs * 2 * model.width      # a score and a mix, each over the full width
 
 
-def weight_work(n: int, model: ExampleModel = ExampleModel()) -> int:
+def count_weights(n: int, model: ExampleModel = ExampleModel()) -> int:
     """Multiply-adds with the weights in one layer of the example model."""
     check_positive(n=n)
     return n * model.weights_per_layer         # every position meets every weight once
@@ -445,15 +490,15 @@ def crossing_length(model: ExampleModel = ExampleModel()) -> int:
 
 def pair_share(n: int, model: ExampleModel = ExampleModel()) -> float:
     """The share of one layer's multiply-adds spent on pairs of positions."""
-    pairs = pair_work(n, model)
-    return pairs / (pairs + weight_work(n, model))
+    pairs = count_pairs(n, model)
+    return pairs / (pairs + count_weights(n, model))
 
 
 @cli_table("Part 1 · the example model: work on pairs against work with weights, one layer")
 def share_table(ns: Iterable[int] = (1024, 8192, 12288, 131072),
                 model: ExampleModel = ExampleModel()) -> pd.DataFrame:
     """Pair work, weight work and the pairs' share of a layer, for several lengths."""
-    rows = {n: {"pair work": int(pair_work(n, model)), "weight work": weight_work(n, model),
+    rows = {n: {"pair work": int(count_pairs(n, model)), "weight work": count_weights(n, model),
                 "pairs' share": pair_share(n, model)} for n in ns}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "tokens"
@@ -615,7 +660,8 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
     check_positive(min_runs=min_runs, max_runs=max_runs)
     if not min_time >= 0:
         raise ValueError(f"min_time must be a non-negative number of seconds, got {min_time!r}")
-    wait = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+    wait = torch.cuda.synchronize if on_gpu else (lambda: None)     # a GPU runs asynchronously
 
     def once() -> float:
         wait()                                              # nothing left over from before
@@ -1172,27 +1218,12 @@ def band_slots(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tens
     return slots.masked_fill((slots < 0) | (slots >= n), -1)               # before the start or after the end
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q, k, v must be three (n, d) tensors of one shape."""
-    if q.dim() != 2 or q.shape != k.shape or k.shape != v.shape:
+def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
+    """The same result as attention_core with window_mask(n, r), computing only n × r scores."""
+    check_qkv(q, k, v)
+    if q.dim() != 2 or k.shape != q.shape:
         raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-
-
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention with a mask: computes all n × n scores, then hides those where mask is False."""
-    _check_qkv(q, k, v)
-    if mask.shape != (q.shape[0], q.shape[0]) or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be ({q.shape[0]}, {q.shape[0]}) booleans, got "
-                         f"{tuple(mask.shape)} {mask.dtype}")
-    scores = q @ k.T / math.sqrt(q.shape[1])                  # (n, n): every query against every key
-    scores = scores.masked_fill(~mask, float("-inf"))         # outside the window: weight 0 after softmax
-    return torch.softmax(scores, dim=-1) @ v                  # (n, d)
-
-
-def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
-    """The same result as masked_attention with window_mask(n, r), computing only n × r scores."""
-    _check_qkv(q, k, v)
     check_window(r=r)
     n, d = q.shape
     half = r // 2
@@ -1205,7 +1236,7 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) 
 
 
 def masked_flops(n: int, d: int) -> int:
-    """FLOPs of masked_attention's matrix products (2 FLOPs a multiply-add, as FlopCounterMode counts)."""
+    """FLOPs of attention_core's matrix products with a mask (2 FLOPs a multiply-add, as FlopCounterMode counts)."""
     check_positive(n=n, d=d)
     scores = n * n * d           # Q Kᵀ: all n × n dot products of d numbers, masked or not
     mix = n * n * d              # weights V: n rows, each a sum over n values of d numbers
@@ -1239,7 +1270,7 @@ def flop_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17,
         q, k, v = (torch.empty(n, d, device=device) for _ in range(3))
         rows[n] = {
             "masked counted": masked_flops(n, d),
-            "masked counter": flops(masked_attention, q, k, v, window_mask(n, r, device)),
+            "masked counter": flops(attention_core, q, k, v, window_mask(n, r, device)),
             "banded counted": banded_flops(n, d, r),
             "banded counter": flops(banded_attention, q, k, v, r),
         }
@@ -1257,32 +1288,20 @@ def _flop_table() -> pd.DataFrame:
     return flop_table()
 
 
-def best_time(fn: Callable, *args, repeats: int = 3) -> float:
-    """The shortest of `repeats` wall times of fn(*args), in seconds, after one warm-up call."""
-    check_positive(repeats=repeats)
-    import time
+def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, seed: int = 0,
+               device: str = "cpu", min_time: float = 0.02) -> pd.DataFrame:
+    """Wall time of the masked and the banded versions (milliseconds, median after a warm-up).
 
-    with torch.no_grad():
-        fn(*args)                                    # warm-up: first calls allocate and dispatch
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn(*args)
-            times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, repeats: int = 3,
-               seed: int = 0) -> pd.DataFrame:
-    """Wall time on this machine of the masked and the banded versions (milliseconds)."""
+    Timed with `time_call`, which waits for a GPU to finish before it reads the clock."""
     rows = {}
-    for n in ns:
-        q, k, v = _qkv(n, d, seed)
-        mask = window_mask(n, r)
-        masked = best_time(masked_attention, q, k, v, mask, repeats=repeats)
-        banded = best_time(banded_attention, q, k, v, r, repeats=repeats)
-        rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
-                   "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r)}
+    with torch.no_grad():
+        for n in ns:
+            q, k, v = (t.to(device) for t in _qkv(n, d, seed))
+            mask = window_mask(n, r, device)
+            masked = time_call(attention_core, q, k, v, mask, min_time=min_time)["median"]
+            banded = time_call(banded_attention, q, k, v, r, min_time=min_time)["median"]
+            rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
+                       "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
@@ -1460,7 +1479,7 @@ def prefill_flops(n: int, model: ExampleModel = ExampleModel()) -> float:
     """FLOPs of reading an n-token prompt in one pass (2 FLOPs a multiply-add)."""
     check_positive(n=n)
     weights = model.parameters * n                # every token meets every weight once
-    pairs = model.layers * pair_work(n, model)    # causal pairs n²/2, a score and a mix, every layer
+    pairs = model.layers * count_pairs(n, model)    # causal pairs n²/2, a score and a mix, every layer
     return 2 * (weights + pairs)
 
 
@@ -1781,12 +1800,6 @@ def decode_work_state_space(model: ExampleModel = ExampleModel()) -> int:
     update = numbers_held        # s ← a ⊙ s + u: one multiply-add a state number
     readout = numbers_held       # y = Σ c ⊙ s: one multiply-add a state number
     return 2 * (update + readout) * model.layers
-
-
-def attention_step(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """One decode step of one attention layer: q (heads, 1, h) against the cache (heads, n, h)."""
-    scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])   # (heads, 1, n)
-    return torch.softmax(scores, dim=-1) @ values                 # (heads, 1, h)
 
 
 def state_space_step(state: torch.Tensor, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor):

@@ -59,7 +59,7 @@ def test_three_implementations_agree(n, d, r):
     g = torch.Generator().manual_seed(n * 100 + d * 10 + r)
     q, k, v = (torch.randn(n, d, generator=g) for _ in range(3))
     mask = tx.window_mask(n, r)
-    masked = tx.masked_attention(q, k, v, mask)
+    masked = tx.attention_core(q, k, v, mask)
     library = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     banded = tx.banded_attention(q, k, v, r)
     reference = loop_attention(q, k, v, r)
@@ -71,7 +71,7 @@ def test_three_implementations_agree(n, d, r):
 @pytest.mark.parametrize("n,d,r", [(n, d, r) for n, d, r in CASES if n > 1])
 def test_flop_counts_match_flop_counter(n, d, r):
     q, k, v = torch.randn(n, d), torch.randn(n, d), torch.randn(n, d)
-    assert tx.masked_flops(n, d) == tx.flops(tx.masked_attention, q, k, v, tx.window_mask(n, r))
+    assert tx.masked_flops(n, d) == tx.flops(tx.attention_core, q, k, v, tx.window_mask(n, r))
     assert tx.banded_flops(n, d, r) == tx.flops(tx.banded_attention, q, k, v, r)
 
 
@@ -83,7 +83,7 @@ def test_flop_table_on_meta_equals_real_tensors():
 
 
 def test_time_table_has_positive_times():
-    table = tx.time_table(ns=(32,), d=8, r=5, repeats=1)
+    table = tx.time_table(ns=(32,), d=8, r=5, min_time=0)
     assert (table[["masked ms", "banded ms"]] > 0).all().all()
 
 
@@ -142,7 +142,7 @@ def test_trade_table_layers_by_search():
     (lambda: tx.band_slots(4, -1), "r"),
     (lambda: tx.banded_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2), 2), "r"),
     (lambda: tx.banded_attention(torch.ones(3, 2), torch.ones(4, 2), torch.ones(3, 2), 3), "q, k, v"),
-    (lambda: tx.masked_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2),
+    (lambda: tx.attention_core(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2),
                                  torch.ones(3, 3)), "mask"),
     (lambda: tx.masked_flops(5, 0), "d"),
     (lambda: tx.banded_flops(5, 2, 6), "r"),
@@ -153,7 +153,7 @@ def test_trade_table_layers_by_search():
     (lambda: tx.stacked_reach(0, 4), "layers"),
     (lambda: tx.reach_by_layers(2, 0), "window"),
     (lambda: tx.trade_table(n=8, d=2, rs=(4,)), "r"),
-    (lambda: tx.best_time(print, repeats=0), "repeats"),
+    (lambda: tx.time_call(print, min_runs=0), "min_runs"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=re.escape(argument)):

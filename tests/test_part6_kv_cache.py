@@ -101,7 +101,7 @@ def test_prefill_attention_flops_match_flop_counter():
     model = tx.ExampleModel(layers=1, width=width, heads=1, head_size=width, kv_heads=1)
     q, k, v = torch.randn(n, width), torch.randn(n, width), torch.randn(n, width)
     counted = tx.flops(tx.attention_core, q, k, v)          # full grid: 2 products × n² × width × 2
-    causal_flops = 2 * tx.pair_work(n, model)               # 2 FLOPs a multiply-add, n²/2 pairs
+    causal_flops = 2 * tx.count_pairs(n, model)               # 2 FLOPs a multiply-add, n²/2 pairs
     assert counted == 2 * causal_flops
 
 

@@ -48,7 +48,7 @@ SMALL_MODELS = [tx.ExampleModel(layers=layers, width=width, heads=heads, head_si
 def test_decode_work_attention_matches_flop_counter(model, n):
     q = torch.randn(model.heads, 1, model.head_size)
     keys, values = torch.randn(2, model.heads, n, model.head_size)
-    per_layer = tx.flops(tx.attention_step, q, keys, values)
+    per_layer = tx.flops(tx.attention_core, q, keys, values)
     assert tx.decode_work_attention(n, model) == model.layers * per_layer
 
 
