@@ -316,6 +316,22 @@ class ExampleAccelerator:
 
 # ── saved from notebooks/01_costs.md: `make sync` writes this block from the cells marked #@save; edit them there ──
 
+def mixes_positions(module: torch.nn.Module, args: tuple, kwargs: dict, position: int = 0) -> bool:
+    """Does `module` mix positions? Change its input at one position (args[0]: batch, n, ...),
+    run it again, and compare its output at every other position."""
+    x = args[0]
+    changed = x.clone()
+    if x.is_floating_point():
+        changed[:, position] += 1.0                           # a different vector at `position`
+    else:
+        changed[:, position] = (x[:, position] + 1) % 100     # a different token id at `position`
+    with torch.no_grad():
+        before = tx.first_output(module(*args, **kwargs))
+        after = tx.first_output(module(changed, *args[1:], **kwargs))
+    others = torch.arange(x.shape[1]) != position             # every position but the changed one
+    return not torch.equal(before[:, others], after[:, others])
+
+
 class AttentionCount(NamedTuple):
     """Multiply-adds of one self-attention layer, one head, split by where they come from."""
     scores: int       # Q Kᵀ
@@ -522,6 +538,37 @@ def load_tokenizer(name_or_dir: str | Path | None = None):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(name_or_dir or minilm_dir()))
+
+
+def first_output(output):
+    """A module's main output: the tensor itself, or the first element of a tuple of outputs."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def module_calls(model: torch.nn.Module, inputs: dict,
+                 under: tuple[str, ...] = ("embeddings", "encoder")) -> dict:
+    """Run `inputs` through `model` once; for every operation under `under`, keep (module, args,
+    kwargs) of its first call. An operation is a module without sub-modules (a linear map, a
+    layer norm, an activation) or a self-attention module, taken whole (its score-and-mix step
+    is not a module of its own)."""
+    calls, hooks = {}, []
+
+    def keep(name):
+        def hook(module, args, kwargs, output):
+            calls.setdefault(name, (module, args, kwargs))   # returns None: the output is left alone
+        return hook
+
+    for name, module in model.named_modules():
+        if name.startswith(under) and (not list(module.children())
+                                       or "SelfAttention" in type(module).__name__):
+            hooks.append(module.register_forward_hook(keep(name), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls
 
 
 #: Six English sentences, short to long. Our own choice, not the paper's test set.
