@@ -79,4 +79,4 @@ serve:
 
 ## clean: remove the build (keeps .venv)
 clean:
-	rm -rf _build book/ledger.md
+	rm -rf _build book/ledger.md book/exercises.md

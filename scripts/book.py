@@ -9,6 +9,7 @@
     python scripts/book.py check-numbers  compare the glued numbers with numbers.toml
     python scripts/book.py numbers        accept the glued numbers into numbers.toml, show the diff
     python scripts/book.py ledger         write book/ledger.md from numbers.toml and the build
+    python scripts/book.py exercises      write book/exercises.md, every exercise of every part
     python scripts/book.py html           render the site from the cache, warnings as errors
 
 Every failure exits non-zero with a message that names the notebook, the cell or the key.
@@ -719,6 +720,41 @@ def write_ledger(glued: dict | None = None) -> None:
     print(f"ledger: {rel(LEDGER)} written")
 
 
+# ── the exercises page ───────────────────────────────────────────────────────────────────
+
+EXERCISES = ROOT / "book" / "exercises.md"
+EXERCISE = re.compile(r"^```\{exercise\}\s*(?P<title>.*?)\s*\n:label:\s*(?P<label>\S+)", re.M)
+
+
+def exercises(md: Path) -> list[tuple[str, str]]:
+    """(label, title) of every exercise of a notebook, in page order."""
+    return [(m["label"], m["title"]) for m in EXERCISE.finditer(md.read_text(encoding="utf-8"))]
+
+
+def exercises_text() -> str:
+    """The exercises page: every exercise of every part, linked, with the number of each."""
+    lines = ["# Exercises", "",
+             "Every part ends with exercises. Each solution runs when the book is built, and every",
+             "number it prints is checked like the rest of the book (the keys that start with `ex_`",
+             "in the [ledger](ledger.md)). On the pages the solutions are collapsed: try first.", ""]
+    for md in notebook_sources():
+        found = exercises(md)
+        if not found:
+            continue
+        title = next((line[2:].strip() for line in md.read_text(encoding="utf-8").splitlines()
+                      if line.startswith("# ")), md.stem)
+        lines += [f"## [{title}](../notebooks/{md.stem}.md)", ""]
+        lines += [f"{i}. {{ref}}`{label}`" for i, (label, _) in enumerate(found, 1)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_exercises() -> None:
+    """Write book/exercises.md from the notebooks' exercise directives."""
+    EXERCISES.write_text(exercises_text(), encoding="utf-8")
+    print(f"exercises: {rel(EXERCISES)} written")
+
+
 # ── the site ──────────────────────────────────────────────────────────────────────────────
 
 
@@ -763,6 +799,7 @@ def build() -> None:
     glued: dict[str, dict[str, Glued]] = {}
     times = execute(glued=glued)    # the executed notebooks' glue: the ledger and the check share it
     write_ledger(glued)
+    write_exercises()
     html()
     check_numbers(glued=glued)
     print("\n".join(budget_report(times, time.perf_counter() - start)))
@@ -773,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; print a clear message and return 1 on a failure."""
     commands = {"build": build, "check-sync": check_sync, "sync": sync, "execute": execute,
                 "check-numbers": check_numbers, "numbers": accept_numbers, "ledger": write_ledger,
-                "html": html}
+                "exercises": write_exercises, "html": html}
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=commands)
     parser.add_argument("pages", nargs="*", help="execute, numbers, check-numbers: only these "
