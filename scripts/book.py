@@ -44,8 +44,22 @@ BUILD = ROOT / "_build"
 CACHE = BUILD / ".jupyter_cache"
 TIMES = BUILD / "execution_times.json"
 READER = {"name": "myst_nb_md", "type": "plugin"}   # the reader myst-nb itself uses for .md
-GLUE_PREFIX = "application/papermill.record/"
-KINDS = ("exact", "close", "seeded", "measured")
+MODULE = ROOT / "scripts" / "tx_part4.py"
+
+
+def module_constant(name: str):
+    """A constant of tx_part4.py, read from its source: the build shares the helpers' constants
+    without importing them (importing tx_part4 imports torch, seconds on every build command)."""
+    tree = ast.parse(MODULE.read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return ast.literal_eval(node.value)
+    raise KeyError(f"{rel(MODULE)} defines no constant {name}")
+
+
+GLUE_PREFIX = module_constant("GLUE_PREFIX")           # where myst-nb keeps a glued value
+KINDS = module_constant("KINDS")                       # exact, close, seeded, measured
 DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}        # relative tolerance when numbers.toml gives none
 TIMEOUT = 300                                        # seconds a cell may run before the build fails
 BUDGET_NOTEBOOK = 20.0                               # seconds one notebook should take (warned, not failed)
@@ -86,12 +100,16 @@ def notebook_sources() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.md"))
 
 
-def repository_url() -> str:
-    """The repository named in _config.yml: the one place the Colab cell and buttons read it."""
+def book_config() -> dict:
+    """_config.yml, read once for the build and the tests."""
     import yaml
 
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    return config["repository"]["url"]
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+
+
+def repository_url() -> str:
+    """The repository named in _config.yml: the one place the Colab cell and buttons read it."""
+    return book_config()["repository"]["url"]
 
 
 def colab_cell() -> str:
@@ -193,7 +211,6 @@ def sync() -> None:
 
 # ── saved cells: one source for a notebook's mechanisms and the module ─────────────────────
 
-MODULE = ROOT / "scripts" / "tx_part4.py"
 SAVE_MARK = "#@save"                                  # d2l's mark: the first line of a saved cell
 #: Top-level statements a saved cell may hold: definitions only, nothing that runs or prints.
 SAVABLE = (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
