@@ -22,8 +22,9 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 book: env
 	$(BIN)/python scripts/book.py build
 
-## test: install if needed, run the test suite
+## test: install if needed, lint scripts/ and tests/, run the test suite
 test: env
+	$(BIN)/ruff check scripts tests
 	$(BIN)/python -m pytest
 
 ## env: create .venv with the pinned packages and the book's helpers (only when missing or pins changed)
