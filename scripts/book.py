@@ -59,7 +59,7 @@ def module_constant(name: str):
 
 
 GLUE_PREFIX = module_constant("GLUE_PREFIX")           # where myst-nb keeps a glued value
-KINDS = module_constant("KINDS")                       # exact, close, seeded, measured
+KINDS = module_constant("KINDS")                       # exact, close, seeded, measured, recorded
 DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}        # relative tolerance when numbers.toml gives none
 TIMEOUT = 300                                        # seconds a cell may run before the build fails
 BUDGET_NOTEBOOK = 20.0                               # seconds one notebook should take (warned, not failed)
@@ -506,7 +506,8 @@ def dump_expected(data: dict[str, dict[str, dict]]) -> str:
         "# The expected value of every number the book glues: one line per key, one table per page.",
         "# kind: exact (counts) | close (floats, relative tol) | seeded (random but seeded, tol)",
         "#       | measured (machine-dependent: only checked to be a number; relations are glued",
-        "#         as booleans of kind exact). published: the value the companion articles print, if any.",
+        "#         as booleans of kind exact) | recorded (from a committed GPU record: checked to be a",
+        "#         number). published: the value the companion articles print, if any.",
         "# Update with `make numbers`, which shows the diff. meaning/published/kind/tol are kept.",
     ]
     for page in sorted(data):
@@ -560,9 +561,9 @@ def compare_one(page: str, key: str, entry: dict, value) -> Problem | None:
     """Check one glued value against its expectation."""
     kind, expected = entry["kind"], entry.get("value")
     problem = lambda reason: Problem(page, key, kind, expected, value, reason)  # noqa: E731
-    if kind == "measured":
+    if kind in ("measured", "recorded"):
         if not is_number(value):
-            return problem("a measured value must be a finite number")
+            return problem(f"a {kind} value must be a finite number")
         return None
     if kind == "exact":
         if type(value) is not type(expected) or value != expected:
@@ -713,7 +714,9 @@ def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str,
         "",
         "Kinds: **exact** must match to the last digit; **close** and **seeded** within the",
         "relative tolerance shown; **measured** values come from this machine's clock and are only",
-        "checked to be numbers, while the relations between them are checked as exact booleans.",
+        "checked to be numbers, while the relations between them are checked as exact booleans;",
+        "**recorded** values come from a committed measurement made on another machine (a GPU),",
+        "labelled on the page with its device and date, and are checked to be there.",
     ]
     for page in sorted(expected):
         rows = []

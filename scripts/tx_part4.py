@@ -39,7 +39,7 @@ tx = sys.modules[__name__]
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 #: The kinds of number the book checks (see numbers.toml and scripts/book.py).
-KINDS = ("exact", "close", "seeded", "measured")
+KINDS = ("exact", "close", "seeded", "measured", "recorded")
 
 #: myst-nb stores a glued value under this mime prefix, so that it is kept but not displayed.
 GLUE_PREFIX = "application/papermill.record/"

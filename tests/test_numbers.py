@@ -153,3 +153,13 @@ def test_the_ledger_rows_are_escaped_html_with_a_status_each():
     assert text.count("<tr>") == 3                                               # a head, two rows
     assert "✅ ok" in text and "❌ drifted" in text
     assert text.count("```{raw} html") == 1 and "## [01_a](../notebooks/01_a.md)" in text
+
+
+def test_a_recorded_value_must_be_there_as_a_number():
+    """A value from a committed GPU record: any number passes, a missing or non-number one fails."""
+    expected = {"p": {"gpu_ms": {"kind": "recorded", "value": 0.99}}}
+    assert book.compare(expected, {"p": {"gpu_ms": book.Glued(1.7)}}) == []
+    (problem,) = book.compare(expected, {"p": {"gpu_ms": book.Glued("n/a")}})
+    assert "recorded value must be a finite number" in problem.reason
+    (problem,) = book.compare(expected, {"p": {}})
+    assert problem.reason.startswith("missing")
