@@ -549,8 +549,8 @@ def module_calls(model: torch.nn.Module, inputs: dict,
                  under: tuple[str, ...] = ("embeddings", "encoder")) -> dict:
     """Run `inputs` through `model` once; for every operation under `under`, keep (module, args,
     kwargs) of its first call. An operation is a module without sub-modules (a linear map, a
-    layer norm, an activation) or a self-attention module, taken whole (its score-and-mix step
-    is not a module of its own)."""
+    layer norm, an activation) or a self-attention module, taken whole with its query, key and
+    value maps (its score-and-mix step is not a module of its own)."""
     calls, hooks = {}, []
 
     def keep(name):
@@ -558,9 +558,10 @@ def module_calls(model: torch.nn.Module, inputs: dict,
             calls.setdefault(name, (module, args, kwargs))   # returns None: the output is left alone
         return hook
 
+    whole = [name for name, module in model.named_modules() if "SelfAttention" in type(module).__name__]
     for name, module in model.named_modules():
-        if name.startswith(under) and (not list(module.children())
-                                       or "SelfAttention" in type(module).__name__):
+        inside = any(name.startswith(f"{outer}.") for outer in whole)   # counted with its attention
+        if name.startswith(under) and not inside and (name in whole or not list(module.children())):
             hooks.append(module.register_forward_hook(keep(name), with_kwargs=True))
     try:
         with torch.no_grad():
