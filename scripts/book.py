@@ -218,8 +218,7 @@ SAVABLE = (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 def block_begin(page: str) -> str:
     """The line that opens a notebook's block in tx_part4.py."""
-    return (f"# ── saved from notebooks/{page}.md: `make sync` writes this block from the cells "
-            f"marked {SAVE_MARK}; edit them there ──")
+    return f"# ── saved from notebooks/{page}.md by `make sync` (cells marked {SAVE_MARK}): edit them there ──"
 
 
 def block_end(page: str) -> str:
@@ -260,7 +259,7 @@ def saved_block(md: Path) -> str | None:
 
 def module_blocks(text: str) -> dict[str, str]:
     """Every saved block in the module's text, by notebook stem."""
-    pattern = re.compile(r"^# ── saved from notebooks/(?P<page>[\w-]+)\.md: .*?^# ── end of the cells "
+    pattern = re.compile(r"^# ── saved from notebooks/(?P<page>[\w-]+)\.md .*?^# ── end of the cells "
                          r"saved from notebooks/(?P=page)\.md ──$", re.S | re.M)
     return {m["page"]: m[0] for m in pattern.finditer(text)}
 

@@ -162,7 +162,8 @@ def record(values: dict | None = None, /, *, kind: str | None = None, tol: float
     done = {}
     for key, value in values.items():
         value = plain(value)
-        done[key] = show(key, value, "{:,.6g}" if isinstance(value, float) else "{:,}", kind, tol)
+        fmt = "{:,.6g}" if isinstance(value, float) else "{}" if isinstance(value, str) else "{:,}"
+        done[key] = show(key, value, fmt, kind, tol)
     return done
 
 
@@ -314,7 +315,7 @@ class ExampleAccelerator:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/01_costs.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/01_costs.md by `make sync` (cells marked #@save): edit them there ──
 
 def mixes_positions(module: torch.nn.Module, args: tuple, kwargs: dict, position: int = 0) -> bool:
     """Does `module` mix positions? Change its input at one position (args[0]: batch, n, ...),
