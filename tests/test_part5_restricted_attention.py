@@ -114,12 +114,23 @@ def test_pair_table_equal_column():
     assert table.loc[2, "allowed"] == brute_pairs(30, 7, 3)
 
 
+def reach_by_mask_products(n, layers, window):
+    """Boolean products of the real causal window mask: positions the last one depends on."""
+    mask = tx.causal_mask(n, window).long()
+    linked, counts = torch.eye(n, dtype=torch.long), []
+    for _ in range(layers):
+        linked = ((linked @ mask) > 0).long()
+        counts.append(int(linked[-1].sum()))
+    return counts
+
+
 @pytest.mark.parametrize("layers,window", [(1, 1), (1, 4), (3, 2), (5, 4), (4, 7)])
-def test_stacked_reach_three_ways(layers, window):
+def test_reach_of_a_window_stack_three_ways(layers, window):
     n = layers * window + 2
-    formula = [tx.stacked_reach(L, window) for L in range(1, layers + 1)]
-    assert tx.reach_by_mask_products(n, layers, window) == formula
-    assert tx.reach_by_layers(layers, window) == formula
+    formula = [tx.reach(L, k=window) for L in range(1, layers + 1)]
+    assert reach_by_mask_products(n, layers, window) == formula
+    assert tx.reach_after([1] * layers, k=window) == formula
+    assert torch.equal(tx.causal_mask(n, window), tx.window_links(n, range(0, -window, -1)))
 
 
 def test_trade_table_layers_by_search():
@@ -150,8 +161,8 @@ def test_trade_table_layers_by_search():
     (lambda: tx.causal_mask(5, 2, n_global=-1), "n_global"),
     (lambda: tx.sliding_pairs(5, 0), "window"),
     (lambda: tx.global_pairs(5, 2, 1.5), "n_global"),
-    (lambda: tx.stacked_reach(0, 4), "layers"),
-    (lambda: tx.reach_by_layers(2, 0), "window"),
+    (lambda: tx.reach(0, 4), "layers"),
+    (lambda: tx.reach_after([1, 1], k=0), "k"),
     (lambda: tx.trade_table(n=8, d=2, rs=(4,)), "r"),
     (lambda: tx.time_call(print, min_runs=0), "min_runs"),
 ])
