@@ -824,20 +824,25 @@ def reach_after(dilations: Iterable[int], k: int = 3) -> list[int]:
     return counts
 
 
-def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False) -> float:
+def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False,
+               causal: bool = False) -> float:
     """Shuffle the rows of x: do the outputs of one self-attention layer shuffle the same way?
 
     Returns max |layer(x[perm]) - layer(x)[perm]|: rounding only, when attention cannot see
-    order. With `positions`, the Transformer's position vectors are added to x first."""
+    order. With `positions`, the Transformer's position vectors are added to x first; with
+    `causal`, query i reads only keys 0 … i, as in a decoder."""
     tx.check_positive(n=n, d=d)
     Wq, Wk, Wv = tx.random_weights(3, d, seed)                  # one layer with random weights
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(n, d, generator=g)                           # n rows of d numbers
     perm = torch.randperm(n, generator=g)                        # a shuffle of the rows
     add = tx.sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # slot i: position i
-    shuffled = tx.self_attention_layer(x[perm] + add, Wq, Wk, Wv)          # shuffle, then attend
-    original = tx.self_attention_layer(x + add, Wq, Wk, Wv)[perm]          # attend, then shuffle
-    return (shuffled - original).abs().max().item()
+    mask = tx.causal_mask(n) if causal else None                 # slot i reads slots 0 … i
+
+    def attend(h):                                               # the layer: projections, then the core
+        return tx.attention_core(h @ Wq, h @ Wk, h @ Wv, mask)
+
+    return (attend(x[perm] + add) - attend(x + add)[perm]).abs().max().item()   # shuffle first, or last
 
 # ── end of the cells saved from notebooks/03_paths.md ──
 

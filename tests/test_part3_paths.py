@@ -175,6 +175,19 @@ def test_fixed_weights():
 def test_order_test():
     assert tx.order_test(n=6, d=8) < 1e-5
     assert tx.order_test(n=6, d=8, positions=True) > 1e-2
+    assert tx.order_test(n=6, d=8, causal=True) > 1e-2          # a causal mask alone sees order
+
+
+def test_order_test_matches_the_layer_of_part_2():
+    """Without a mask, the test's layer is Part 2's self_attention_layer, so the seeded value holds."""
+    Wq, Wk, Wv = tx.random_weights(3, 16, 0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, generator=g)
+    perm = torch.randperm(8, generator=g)
+    add = tx.sinusoid_positions(8, 16)
+    expected = (tx.self_attention_layer(x[perm] + add, Wq, Wk, Wv)
+                - tx.self_attention_layer(x + add, Wq, Wk, Wv)[perm]).abs().max().item()
+    assert tx.order_test(n=8, d=16, seed=0, positions=True) == expected
 
 
 def test_sinusoid_positions_against_the_formula():
