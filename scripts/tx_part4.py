@@ -1257,6 +1257,25 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) 
     weights = torch.softmax(scores, dim=-1)                   # (n, r)
     return (v_win @ weights[:, :, None])[:, :, 0]             # (n, d): each query mixes its r values
 
+
+def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
+    """The same result as banded_attention, as real kernels compute it: blocks of r queries,
+    each against the 2r − 1 keys its block can reach, in dense matrix products."""
+    tx.check_qkv(q, k, v)
+    tx.check_window(r=r)
+    (n, d), half, blocks = q.shape, r // 2, -(-q.shape[0] // r)   # ⌈n / r⌉ blocks of r queries
+    pad = blocks * r - n                                          # queries past the end (dropped)
+    q_blk = F.pad(q, (0, 0, 0, pad)).view(blocks, r, d)           # (blocks, r, d)
+    k_span = F.pad(k, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # (blocks, d, 2r − 1)
+    v_span = F.pad(v, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # their values
+    slot, row = torch.arange(2 * r - 1, device=q.device), torch.arange(r, device=q.device)[:, None]
+    inside = (slot - half - row).abs() <= half                   # (r, 2r − 1): query's own window
+    key = torch.arange(blocks, device=q.device)[:, None, None] * r - half + slot   # key of each slot
+    allowed = inside & (key >= 0) & (key < n)                    # and the key exists
+    scores = (q_blk @ k_span / math.sqrt(d)).masked_fill(~allowed, float("-inf"))  # (blocks, r, 2r − 1)
+    mixed = torch.softmax(scores, dim=-1) @ v_span.transpose(1, 2)                # (blocks, r, d)
+    return mixed.reshape(blocks * r, d)[:n]
+
 # ── end of the cells saved from notebooks/05_restricted_attention.md ──
 
 
@@ -1274,6 +1293,16 @@ def banded_flops(n: int, d: int, r: int) -> int:
     check_window(r=r)
     scores = n * r * d           # each query against the r keys of its window
     mix = n * r * d              # each query mixes the r values of its window
+    return 2 * (scores + mix)
+
+
+def blocked_flops(n: int, d: int, r: int) -> int:
+    """FLOPs of blocked_attention's matrix products: ⌈n/r⌉ blocks of r queries, 2r − 1 keys each."""
+    check_positive(n=n, d=d)
+    check_window(r=r)
+    blocks = -(-n // r)                  # ⌈n / r⌉ blocks of r queries (the last one padded)
+    scores = blocks * r * (2 * r - 1) * d   # each query against every key its block can reach
+    mix = blocks * r * (2 * r - 1) * d      # each query mixes the values of that span
     return 2 * (scores + mix)
 
 
@@ -1315,7 +1344,7 @@ def _flop_table() -> pd.DataFrame:
 
 def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, seed: int = 0,
                device: str = "cpu", min_time: float = 0.02) -> pd.DataFrame:
-    """Wall time of the masked and the banded versions (milliseconds, median after a warm-up).
+    """Wall time of the masked, banded and blocked versions (milliseconds, median after a warm-up).
 
     Timed with `time_call`, which waits for a GPU to finish before it reads the clock."""
     rows = {}
@@ -1325,8 +1354,11 @@ def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, 
             mask = window_mask(n, r, device)
             masked = time_call(attention_core, q, k, v, mask, min_time=min_time)["median"]
             banded = time_call(banded_attention, q, k, v, r, min_time=min_time)["median"]
+            blocked = time_call(blocked_attention, q, k, v, r, min_time=min_time)["median"]
             rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
-                       "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r)}
+                       "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r),
+                       "blocked ms": 1e3 * blocked, "blocked time ratio": masked / blocked,
+                       "blocked FLOP ratio": masked_flops(n, d) / blocked_flops(n, d, r)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table

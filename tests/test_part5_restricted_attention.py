@@ -62,10 +62,12 @@ def test_three_implementations_agree(n, d, r):
     masked = tx.attention_core(q, k, v, mask)
     library = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     banded = tx.banded_attention(q, k, v, r)
+    blocked = tx.blocked_attention(q, k, v, r)
     reference = loop_attention(q, k, v, r)
     assert torch.allclose(masked, library, atol=1e-6)
     assert torch.allclose(banded, masked, atol=1e-6)
     assert torch.allclose(banded, reference, atol=1e-6)
+    assert torch.allclose(blocked, reference, atol=1e-6)
 
 
 @pytest.mark.parametrize("n,d,r", [(n, d, r) for n, d, r in CASES if n > 1])
@@ -73,6 +75,16 @@ def test_flop_counts_match_flop_counter(n, d, r):
     q, k, v = torch.randn(n, d), torch.randn(n, d), torch.randn(n, d)
     assert tx.masked_flops(n, d) == tx.flops(tx.attention_core, q, k, v, tx.window_mask(n, r))
     assert tx.banded_flops(n, d, r) == tx.flops(tx.banded_attention, q, k, v, r)
+    assert tx.blocked_flops(n, d, r) == tx.flops(tx.blocked_attention, q, k, v, r)
+
+
+@pytest.mark.parametrize("n,r", [(34, 17), (35, 17), (4096, 17), (1000, 5)])
+def test_blocked_flops_are_about_twice_the_band(n, r):
+    blocks = math.ceil(n / r)
+    assert tx.blocked_flops(n, 64, r) == 4 * blocks * r * (2 * r - 1) * 64
+    ratio = tx.blocked_flops(n, 64, r) / tx.banded_flops(n, 64, r)
+    assert math.isclose(ratio, blocks * r * (2 * r - 1) / (n * r))   # 2 - 1/r when r divides n
+    assert n % r or ratio < 2
 
 
 def test_flop_table_on_meta_equals_real_tensors():
@@ -84,7 +96,8 @@ def test_flop_table_on_meta_equals_real_tensors():
 
 def test_time_table_has_positive_times():
     table = tx.time_table(ns=(32,), d=8, r=5, min_time=0)
-    assert (table[["masked ms", "banded ms"]] > 0).all().all()
+    assert (table[["masked ms", "banded ms", "blocked ms"]] > 0).all().all()
+    assert table.loc[32, "blocked FLOP ratio"] == tx.masked_flops(32, 8) / tx.blocked_flops(32, 8, 5)
 
 
 def brute_pairs(n, window, n_global):
@@ -156,6 +169,9 @@ def test_trade_table_layers_by_search():
     (lambda: tx.attention_core(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2),
                                  torch.ones(3, 3)), "mask"),
     (lambda: tx.masked_flops(5, 0), "d"),
+    (lambda: tx.blocked_flops(5, 2, 4), "r"),
+    (lambda: tx.blocked_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2), 2), "r"),
+    (lambda: tx.blocked_attention(torch.ones(3, 2), torch.ones(4, 2), torch.ones(3, 2), 3), "q, k, v"),
     (lambda: tx.banded_flops(5, 2, 6), "r"),
     (lambda: tx.causal_mask(5, window=0), "window"),
     (lambda: tx.causal_mask(5, 2, n_global=-1), "n_global"),
