@@ -181,6 +181,7 @@ def test_trade_table_layers_by_search():
     (lambda: tx.reach_after([1, 1], k=0), "k"),
     (lambda: tx.trade_table(n=8, d=2, rs=(4,)), "r"),
     (lambda: tx.time_call(print, min_runs=0), "min_runs"),
+    (lambda: tx.time_table(ns=(8,), d=2, r=3, statistic="mean"), "statistic"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=re.escape(argument)):
