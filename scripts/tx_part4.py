@@ -1343,12 +1343,12 @@ def _flop_table() -> pd.DataFrame:
 
 
 def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, seed: int = 0,
-               device: str = "cpu", min_time: float = 0.1, statistic: str = "q1") -> pd.DataFrame:
+               device: str = "cpu", min_time: float = 0.1, statistic: str = "median") -> pd.DataFrame:
     """Wall time of the masked, banded and blocked versions (milliseconds, after a warm-up).
 
-    Timed with `time_call`, which waits for a GPU to finish before it reads the clock. By default
-    each time is the lower quartile of its runs ("q1"; or "median"): on a machine shared with
-    other programs, the runs they interrupt are the slow ones, and they would move a median."""
+    Timed with `time_call`, which waits for a GPU to finish before it reads the clock. Each time
+    is the median of its runs, or with statistic="q1" their lower quartile: on a machine shared
+    with other programs, the runs they interrupt are the slow ones, and they move a median."""
     if statistic not in ("q1", "median"):
         raise ValueError(f"statistic must be 'q1' or 'median', got {statistic!r}")
     rows = {}

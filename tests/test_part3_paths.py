@@ -2,7 +2,6 @@
 search, closed formulas, real Conv1d gradients, and the encoder's attention recomputed by hand."""
 
 import math
-from collections import deque
 
 import pytest
 import torch
