@@ -801,6 +801,8 @@ def time_slots(positions: int, parallel: bool) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
+# ── saved from notebooks/03_paths.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+
 def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     """The link table of one layer: links[i, j] is True if output i reads input j directly.
 
@@ -808,7 +810,7 @@ def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     A one-sided kernel of width 3 has offsets (0, -1, -2); dilated by 3, (0, -3, -6);
     attention restricted to r = 5 centred positions has offsets -2 … 2.
     """
-    check_positive(n=n)
+    tx.check_positive(n=n)
     offsets = [int(o) for o in offsets]
     if not offsets:
         raise ValueError("offsets must name at least one offset, got none")
@@ -817,49 +819,103 @@ def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     return torch.isin(j - i, torch.tensor(offsets))
 
 
-def layers_to_connect(n: int, layer_links: Callable[[int], torch.Tensor],
-                      max_layers: int | None = None) -> int | None:
-    """How many stacked layers it takes before the last output depends on the first input.
+def follow(seen: torch.Tensor, offsets: Iterable[int]) -> torch.Tensor:
+    """One layer of the boolean product: output i is reached if an input i + o it reads was.
 
-    `layer_links(L)` gives the (n, n) link table of layer L = 1, 2, …. The dependencies of a
-    stack are the boolean product of its tables: reach = links_L · … · links_1. Only the
-    column of input 1 matters, so the tables are multiplied into that column (the same
-    product, n times less work). Returns None if `max_layers` (default 10 n) do not connect.
-    """
-    check_positive(n=n)
+    Equal to (window_links(n, offsets) @ seen) > 0, without building the n × n table."""
+    n = seen.shape[0]
+    reached = torch.zeros_like(seen)
+    for o in offsets:                               # output i reads input i + o
+        lo, hi = max(0, -o), min(n, n - o)          # the outputs whose input i + o exists
+        if lo < hi:
+            reached[lo:hi] |= seen[lo + o:hi + o]   # True·True = True; a sum is True if any term is
+    return reached
+
+
+def layers_to_connect(n: int, layer_offsets: Callable[[int], Iterable[int]],
+                      max_layers: int | None = None) -> int | None:
+    """How many layers (offsets of layer L: layer_offsets(L)) until output n depends on input 1.
+
+    Returns None if `max_layers` (default 10 n) do not connect."""
+    tx.check_positive(n=n)
     max_layers = 10 * n if max_layers is None else max_layers
-    check_positive(max_layers=max_layers)
-    reach = torch.zeros(n, 1)
-    reach[0, 0] = 1.0                              # before any layer, input 1 reaches position 1
+    tx.check_positive(max_layers=max_layers)
+    seen = torch.zeros(n, dtype=torch.bool)
+    seen[0] = True                                  # before any layer, input 1 reaches position 1
     for L in range(1, max_layers + 1):
-        links = layer_links(L)
-        if links.shape != (n, n):
-            raise ValueError(f"layer_links must give an ({n}, {n}) table, got {tuple(links.shape)}")
-        reach = ((links.float() @ reach) > 0).float()   # True·True = True, True + False = True
-        if reach[n - 1, 0]:                        # output n now depends on input 1
+        seen = follow(seen, layer_offsets(L))       # one more layer of the stack
+        if seen[n - 1]:                             # output n now depends on input 1
             return L
     return None
 
 
-def shortest_route(n: int, layer_links: Callable[[int], torch.Tensor], layers: int) -> list[int]:
+def reach(layers: int, k: int = 3, doubling: bool = False) -> int:
+    """Positions that L stacked one-sided kernels of width k reach: 1 + (k-1)·(sum of dilations).
+
+    Contiguous taps have dilations 1, 1, …, 1; doubling gaps 1, 2, 4, …, 2^(L-1).
+    A causal attention window of w keys is a kernel of width k = w."""
+    tx.check_positive(layers=layers, k=k)
+    dilation_sum = 2 ** layers - 1 if doubling else layers      # 1 + 2 + … + 2^(L-1), or L ones
+    return 1 + (k - 1) * dilation_sum
+
+
+def reach_after(dilations: Iterable[int], k: int = 3) -> list[int]:
+    """Positions that input 1 reaches after each layer of a stack (as many as the last output
+    reads), followed with `follow`: kernels of width k, one dilation per layer."""
+    dilations = [int(dl) for dl in dilations]
+    tx.check_positive(k=k, **{f"dilation {i + 1}": dl for i, dl in enumerate(dilations)})
+    seen = torch.zeros(1 + (k - 1) * sum(dilations), dtype=torch.bool)   # room for the whole reach
+    seen[0] = True                                                       # input 1
+    counts = []
+    for dl in dilations:
+        seen = follow(seen, [-tap * dl for tap in range(k)])   # output i reads i, i - dl, i - 2 dl, …
+        counts.append(int(seen.sum()))
+    return counts
+
+
+def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False,
+               causal: bool = False) -> float:
+    """Shuffle the rows of x: do the outputs of one self-attention layer shuffle the same way?
+
+    Returns max |layer(x[perm]) - layer(x)[perm]|: rounding only, when attention cannot see
+    order. With `positions`, the Transformer's position vectors are added to x first; with
+    `causal`, query i reads only keys 0 … i, as in a decoder."""
+    tx.check_positive(n=n, d=d)
+    Wq, Wk, Wv = tx.random_weights(3, d, seed)                  # one layer with random weights
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(n, d, generator=g)                           # n rows of d numbers
+    perm = torch.randperm(n, generator=g)                        # a shuffle of the rows
+    add = tx.sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # slot i: position i
+    mask = tx.causal_mask(n) if causal else None                 # slot i reads slots 0 … i
+
+    def attend(h):                                               # the layer: projections, then the core
+        return tx.attention_core(h @ Wq, h @ Wk, h @ Wv, mask)
+
+    return (attend(x[perm] + add) - attend(x + add)[perm]).abs().max().item()   # shuffle first, or last
+
+# ── end of the cells saved from notebooks/03_paths.md ──
+
+
+def shortest_route(n: int, layer_offsets: Callable[[int], Iterable[int]], layers: int) -> list[int]:
     """One route from input 1 to output n through `layers` stacked layers: a position per level.
 
-    Level 0 is the input; level L is the output of layer L. The route goes forward with the
-    boolean products of the tables (which positions input 1 has reached), then back from
-    output n, each time to a position that was reached and that the layer reads.
+    Level 0 is the input; level L is the output of layer L. The route goes forward with
+    `follow` (which positions input 1 has reached), then back from output n, each time to a
+    position that was reached and that the layer reads.
     """
     check_positive(n=n, layers=layers)
+    offsets = [[int(o) for o in layer_offsets(L)] for L in range(1, layers + 1)]
     reached = [torch.zeros(n, dtype=torch.bool)]
     reached[0][0] = True                                    # input 1 reaches itself
-    tables = [layer_links(L) for L in range(1, layers + 1)]
-    for links in tables:
-        reached.append((links.float() @ reached[-1].float()) > 0)
+    for layer in offsets:
+        reached.append(follow(reached[-1], layer))
     if not reached[-1][n - 1]:
         raise ValueError(f"layers must be enough to connect input 1 to output {n}, got {layers}")
     route = [n - 1]
     for level in range(layers, 0, -1):                      # from the output back to the input
-        options = torch.nonzero(tables[level - 1][route[-1]] & reached[level - 1]).flatten()
-        route.append(int(options[0]))                       # the earliest position that works
+        options = [route[-1] + o for o in offsets[level - 1]
+                   if 0 <= route[-1] + o < n and reached[level - 1][route[-1] + o]]
+        route.append(min(options))                          # the earliest position that works
     return route[::-1]
 
 
@@ -880,7 +936,9 @@ def contiguous_offsets(k: int = 3) -> list[int]:
 
 
 def dilated_offsets(layer: int, k: int = 3) -> list[int]:
-    """Layer L of a one-sided dilated stack: the k taps k^(L-1) apart (dilation 1, k, k², …)."""
+    """Layer L of the book's one-sided dilated stack: k taps k^(L-1) apart (dilation 1, k, k², …).
+
+    ByteNet doubles its dilations instead (1, 2, 4, …); with k = 3 tripling leaves no gaps."""
     check_positive(layer=layer, k=k)
     return [-o * k ** (layer - 1) for o in range(k)]
 
@@ -893,21 +951,24 @@ def centred_offsets(r: int) -> list[int]:
     return list(range(-(r // 2), r // 2 + 1))
 
 
+def every_offset(n: int) -> list[int]:
+    """Self-attention over n positions: output i reads every input, offsets -(n-1) … n-1."""
+    check_positive(n=n)
+    return list(range(-(n - 1), n))
+
+
 @cli_table("Part 3 · Table 1, column 3: layers (or steps) until output n depends on input 1 (k = 3)")
 def path_table(ns: Iterable[int] = (8, 27, 64, 100), k: int = 3, rs: Iterable[int] = (5, 17)) -> pd.DataFrame:
-    """Layers to connect the first and the last position, by boolean products of link tables."""
+    """Layers to connect the first and the last position, following the link tables layer by layer."""
     rows = {}
     for n in ns:
         check_positive(n=n)
-        everything = torch.ones(n, n, dtype=torch.bool)
-        conv = window_links(n, contiguous_offsets(k))
-        row = {"self-attention": layers_to_connect(n, lambda L: everything),   # every query, every key
+        row = {"self-attention": layers_to_connect(n, lambda L: every_offset(n)),   # every query, every key
                "recurrent": recurrent_path(n),
-               f"conv k={k}": layers_to_connect(n, lambda L: conv),
-               f"dilated k={k}": layers_to_connect(n, lambda L: window_links(n, dilated_offsets(L, k)))}
+               f"conv k={k}": layers_to_connect(n, lambda L: contiguous_offsets(k)),
+               f"dilated k={k}": layers_to_connect(n, lambda L: dilated_offsets(L, k))}
         for r in rs:
-            local = window_links(n, centred_offsets(r))
-            row[f"restricted r={r}"] = layers_to_connect(n, lambda L: local)
+            row[f"restricted r={r}"] = layers_to_connect(n, lambda L: centred_offsets(r))
         rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
@@ -935,14 +996,13 @@ def dilated_layers(n: int, k: int = 3) -> int:
 
 @cli_table("Part 3 · layers a kernel of 3 needs to connect position 1 and position n: tables against formulas")
 def conv_layers_table(ns: Iterable[int] = (10, 27, 100, 512), k: int = 3) -> pd.DataFrame:
-    """Contiguous and dilated layers to connect 1 and n: boolean products and closed formulas."""
+    """Contiguous and dilated layers to connect 1 and n: link tables followed, and closed formulas."""
     rows = {}
     for n in ns:
         check_positive(n=n)
-        conv = window_links(n, contiguous_offsets(k))
-        rows[n] = {"contiguous": layers_to_connect(n, lambda L: conv),
+        rows[n] = {"contiguous": layers_to_connect(n, lambda L: contiguous_offsets(k)),
                    "contiguous formula": contiguous_layers(n - 1, k),
-                   "dilated": layers_to_connect(n, lambda L: window_links(n, dilated_offsets(L, k))),
+                   "dilated": layers_to_connect(n, lambda L: dilated_offsets(L, k)),
                    "dilated formula": dilated_layers(n, k),
                    "self-attention": 1,
                    "recurrent steps": recurrent_path(n)}
@@ -976,44 +1036,19 @@ def conv_stack_gradient(n: int, layers: int, dilated: bool = False, k: int = 3, 
 
 @cli_table("Part 3 · Method 2: real Conv1d stacks (k = 3), n = 27, |d out_27 / d x_1|")
 def conv_stack_table(n: int = 27, k: int = 3, seed: int = 0) -> pd.DataFrame:
-    """The gradient just below and just at the depth the link tables predict."""
+    """The gradient one layer short of the depth the link tables predict, and at that depth.
+
+    Rows are named by role ("contiguous short", "contiguous enough", …), so that their keys
+    do not change when n or k does; the column `layers` holds the depth."""
     contiguous, dilated = contiguous_layers(n - 1, k), dilated_layers(n, k)
-    rows = []
-    for stack, layers, is_dilated in [("contiguous", contiguous - 1, False), ("contiguous", contiguous, False),
-                                      ("dilated", dilated - 1, True), ("dilated", dilated, True)]:
-        gradient = conv_stack_gradient(n, layers, is_dilated, k, seed=seed)
-        rows.append({"stack": f"{stack} {layers}", "layers": layers, "gradient": gradient,
-                     "connected": gradient != 0.0})
-    return pd.DataFrame(rows).set_index("stack")
-
-
-def reach_after(dilations: Iterable[int], k: int = 3) -> int:
-    """Method 2 for the reach of a stack: how many inputs the last output depends on.
-
-    Follows the set of inputs that a stack of one-sided kernels of width k reads, layer by
-    layer (shift and OR on a boolean line). It equals the formula 1 + (k-1) Σ dilations when
-    the taps leave no gaps, as with dilations 1, 1, 1, … or 1, 2, 4, … or 1, k, k², ….
-    """
-    check_positive(k=k)
-    dilations = [int(dl) for dl in dilations]
-    for dl in dilations:
-        check_positive(dilation=dl)
-    span = 1 + (k - 1) * sum(dilations)            # a line long enough to hold the whole reach
-    seen = torch.zeros(span, dtype=torch.bool)
-    seen[-1] = True                                # the last output reads itself
-    for dl in dilations:                           # each layer: everything it read, shifted by taps
-        shifted = seen.clone()
-        for tap in range(1, k):
-            shifted[:-tap * dl] |= seen[tap * dl:]
-        seen = shifted
-    return int(seen.sum())
-
-
-def reach_formula(layers: int, k: int = 3, doubling: bool = False) -> int:
-    """Positions L layers of width k reach: 1 + (k-1)·L, or 1 + (k-1)(2^L - 1) if gaps double."""
-    check_positive(layers=layers, k=k)
-    dilation_sum = 2 ** layers - 1 if doubling else layers      # 1 + 2 + … + 2^(L-1), or L ones
-    return 1 + (k - 1) * dilation_sum
+    rows = {}
+    for stack, needed, is_dilated in [("contiguous", contiguous, False), ("dilated", dilated, True)]:
+        for role, layers in [("short", needed - 1), ("enough", needed)]:
+            gradient = conv_stack_gradient(n, layers, is_dilated, k, seed=seed) if layers else 0.0
+            rows[f"{stack} {role}"] = {"layers": layers, "gradient": gradient, "connected": gradient != 0.0}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "stack"
+    return table
 
 
 def layers_to_cover(context: int, k: int = 3, doubling: bool = False) -> int:
@@ -1022,9 +1057,10 @@ def layers_to_cover(context: int, k: int = 3, doubling: bool = False) -> int:
     if k < 2 and context > 1:
         raise ValueError(f"k must be at least 2 to reach another position, got {k}")
     layers = 1
-    while reach_formula(layers, k, doubling) < context:
+    while reach(layers, k, doubling) < context:
         layers += 1
     return layers
+
 
 def load_encoder(name_or_dir: str | Path | None = None):
     """The real trained all-MiniLM-L6-v2 encoder from installed files, with attention weights.
@@ -1060,24 +1096,6 @@ def fixed_weights(n: int, position: int, k: int = 3) -> torch.Tensor:
     return weights / k                                                  # the same weight each
 
 
-def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False) -> float:
-    """Shuffle the rows of x: do the outputs of self-attention shuffle the same way?
-
-    Returns max |layer(x[perm]) - layer(x)[perm]|: at rounding level when attention cannot
-    see order. With `positions`, sinusoidal position vectors are added to x first, as in the
-    Transformer, and the difference is large.
-    """
-    check_positive(n=n, d=d)
-    Wq, Wk, Wv = random_weights(3, d, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(n, d, generator=g)
-    perm = torch.randperm(n, generator=g)
-    add = sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # position i goes with slot i
-    shuffled = self_attention_layer(x[perm] + add, Wq, Wk, Wv)
-    original = self_attention_layer(x + add, Wq, Wk, Wv)[perm]
-    return (shuffled - original).abs().max().item()
-
-
 def sinusoid_positions(n: int, d: int) -> torch.Tensor:
     """The Transformer's position vectors: sin and cos of position / 10000^(2i/d)."""
     check_positive(n=n, d=d)
@@ -1089,6 +1107,7 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency)
     return table
+
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
@@ -1250,30 +1269,34 @@ def check_window(**windows: int) -> None:
             raise ValueError(f"{name} must be odd (the query and {name} // 2 keys on each side), got {r}")
 
 
+# ── saved from notebooks/05_restricted_attention.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+
 def window_mask(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2 (Table 1's neighbourhood r)."""
-    check_positive(n=n)
-    check_window(r=r)
-    row, col = torch.arange(n, device=device)[:, None], torch.arange(n, device=device)[None, :]
+    tx.check_positive(n=n)
+    tx.check_window(r=r)
+    row = torch.arange(n, device=device)[:, None]            # query positions, one per row
+    col = torch.arange(n, device=device)[None, :]            # key positions, one per column
     return (col >= row - r // 2) & (col <= row + r // 2)     # r // 2 keys on each side, and itself
 
 
 def band_slots(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """(n, r) key positions: row i holds the keys i − r//2 … i + r//2 of its window; −1 is padding."""
-    check_positive(n=n)
-    check_window(r=r)
-    row, slot = torch.arange(n, device=device)[:, None], torch.arange(r, device=device)[None, :]
-    slots = row + slot - r // 2                                             # slot s of row i: key i + s − r//2
-    return slots.masked_fill((slots < 0) | (slots >= n), -1)               # before the start or after the end
+    tx.check_positive(n=n)
+    tx.check_window(r=r)
+    row = torch.arange(n, device=device)[:, None]            # one row per query
+    slot = torch.arange(r, device=device)[None, :]           # one slot per key of its window
+    slots = row + slot - r // 2                              # slot s of row i: key i + s − r//2
+    return slots.masked_fill((slots < 0) | (slots >= n), -1)   # before the start or after the end
 
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
     """The same result as attention_core with window_mask(n, r), computing only n × r scores."""
-    check_qkv(q, k, v)
+    tx.check_qkv(q, k, v)
     if q.dim() != 2 or k.shape != q.shape:
         raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    check_window(r=r)
+    tx.check_window(r=r)
     n, d = q.shape
     half = r // 2
     k_win = F.pad(k, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): row i holds keys i − half … i + half
@@ -1282,6 +1305,27 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) 
     scores = scores.masked_fill(band_slots(n, r, q.device) < 0, float("-inf"))   # padding: weight 0
     weights = torch.softmax(scores, dim=-1)                   # (n, r)
     return (v_win @ weights[:, :, None])[:, :, 0]             # (n, d): each query mixes its r values
+
+
+def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
+    """The same result as banded_attention, as real kernels compute it: blocks of r queries,
+    each against the 2r − 1 keys its block can reach, in dense matrix products."""
+    tx.check_qkv(q, k, v)
+    tx.check_window(r=r)
+    (n, d), half, blocks = q.shape, r // 2, -(-q.shape[0] // r)   # ⌈n / r⌉ blocks of r queries
+    pad = blocks * r - n                                          # queries past the end (dropped)
+    q_blk = F.pad(q, (0, 0, 0, pad)).view(blocks, r, d)           # (blocks, r, d)
+    k_span = F.pad(k, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # (blocks, d, 2r − 1)
+    v_span = F.pad(v, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # their values
+    slot, row = torch.arange(2 * r - 1, device=q.device), torch.arange(r, device=q.device)[:, None]
+    inside = (slot - half - row).abs() <= half                   # (r, 2r − 1): query's own window
+    key = torch.arange(blocks, device=q.device)[:, None, None] * r - half + slot   # key of each slot
+    allowed = inside & (key >= 0) & (key < n)                    # and the key exists
+    scores = (q_blk @ k_span / math.sqrt(d)).masked_fill(~allowed, float("-inf"))  # (blocks, r, 2r − 1)
+    mixed = torch.softmax(scores, dim=-1) @ v_span.transpose(1, 2)                # (blocks, r, d)
+    return mixed.reshape(blocks * r, d)[:n]
+
+# ── end of the cells saved from notebooks/05_restricted_attention.md ──
 
 
 def masked_flops(n: int, d: int) -> int:
@@ -1298,6 +1342,16 @@ def banded_flops(n: int, d: int, r: int) -> int:
     check_window(r=r)
     scores = n * r * d           # each query against the r keys of its window
     mix = n * r * d              # each query mixes the r values of its window
+    return 2 * (scores + mix)
+
+
+def blocked_flops(n: int, d: int, r: int) -> int:
+    """FLOPs of blocked_attention's matrix products: ⌈n/r⌉ blocks of r queries, 2r − 1 keys each."""
+    check_positive(n=n, d=d)
+    check_window(r=r)
+    blocks = -(-n // r)                  # ⌈n / r⌉ blocks of r queries (the last one padded)
+    scores = blocks * r * (2 * r - 1) * d   # each query against every key its block can reach
+    mix = blocks * r * (2 * r - 1) * d      # each query mixes the values of that span
     return 2 * (scores + mix)
 
 
@@ -1338,19 +1392,26 @@ def _flop_table() -> pd.DataFrame:
 
 
 def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, seed: int = 0,
-               device: str = "cpu", min_time: float = 0.02) -> pd.DataFrame:
-    """Wall time of the masked and the banded versions (milliseconds, median after a warm-up).
+               device: str = "cpu", min_time: float = 0.1, statistic: str = "median") -> pd.DataFrame:
+    """Wall time of the masked, banded and blocked versions (milliseconds, after a warm-up).
 
-    Timed with `time_call`, which waits for a GPU to finish before it reads the clock."""
+    Timed with `time_call`, which waits for a GPU to finish before it reads the clock. Each time
+    is the median of its runs, or with statistic="q1" their lower quartile: on a machine shared
+    with other programs, the runs they interrupt are the slow ones, and they move a median."""
+    if statistic not in ("q1", "median"):
+        raise ValueError(f"statistic must be 'q1' or 'median', got {statistic!r}")
     rows = {}
     with torch.no_grad():
         for n in ns:
             q, k, v = (t.to(device) for t in _qkv(n, d, seed))
             mask = window_mask(n, r, device)
-            masked = time_call(attention_core, q, k, v, mask, min_time=min_time)["median"]
-            banded = time_call(banded_attention, q, k, v, r, min_time=min_time)["median"]
+            masked = time_call(attention_core, q, k, v, mask, min_time=min_time)[statistic]
+            banded = time_call(banded_attention, q, k, v, r, min_time=min_time)[statistic]
+            blocked = time_call(blocked_attention, q, k, v, r, min_time=min_time)[statistic]
             rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
-                       "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r)}
+                       "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r),
+                       "blocked ms": 1e3 * blocked, "blocked time ratio": masked / blocked,
+                       "blocked FLOP ratio": masked_flops(n, d) / blocked_flops(n, d, r)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
@@ -1394,43 +1455,6 @@ def global_pairs(n: int, window: int, n_global: int) -> int:
     # global key c adds the queries that are outside its window: i ≥ c + window, i < n
     extra = sum(max(0, n - c - window) for c in range(min(n_global, n)))
     return sliding_pairs(n, window) + extra
-
-
-def stacked_reach(layers: int, window: int) -> int:
-    """Positions that can reach the last one through `layers` causal windows of `window` keys.
-
-    One layer reaches window − 1 positions back; each further layer moves the reach one window on."""
-    check_positive(layers=layers, window=window)
-    return layers * (window - 1) + 1      # the position itself, plus window − 1 more per layer
-
-
-def reach_by_layers(layers: int, window: int) -> list[int]:
-    """Method 2 for stacked_reach: follow the positions that reach the last one, layer by layer.
-
-    A layer lets position j feed the positions j … j + window − 1 above it; returns the count
-    after each layer (a cumulative sum gives each window's count in one pass)."""
-    check_positive(layers=layers, window=window)
-    n = layers * window + 1                                    # room beyond any reach
-    reach = torch.zeros(n, dtype=torch.long)
-    reach[-1] = 1                                              # the last position reaches itself
-    counts = []
-    for _ in range(layers):
-        ahead = F.pad(reach, (0, window - 1))                  # positions past the end reach nothing
-        total = torch.cumsum(F.pad(ahead, (1, 0)), 0)          # total[j] = ahead[0] + … + ahead[j − 1]
-        reach = ((total[window:window + n] - total[:n]) > 0).long()   # any of j … j + window − 1 reached?
-        counts.append(int(reach.sum()))
-    return counts
-
-
-def reach_by_mask_products(n: int, layers: int, window: int) -> list[int]:
-    """Method 3 for small n: boolean products of the real causal window mask, one per layer."""
-    mask = causal_mask(n, window).long()
-    linked = torch.eye(n, dtype=torch.long)
-    counts = []
-    for _ in range(layers):
-        linked = ((linked @ mask) > 0).long()                  # a path of one more layer
-        counts.append(int(linked[-1].sum()))                   # positions the last one depends on
-    return counts
 
 
 def trade_table(n: int = 8192, d: int = 512, rs: Iterable[int] = (3, 17, 65, 257, 1025, 4097)) -> pd.DataFrame:
