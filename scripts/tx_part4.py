@@ -1427,14 +1427,9 @@ def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def _check_tokens(**tokens: int) -> None:
-    """Raise ValueError naming the first token count that is not a whole number ≥ 0."""
-    for name, value in tokens.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+# ── saved from notebooks/06_kv_cache.md: `make sync` writes this block from the cells marked #@save; edit them there ──
 
-
-def kv_bytes_per_token(model: ExampleModel = ExampleModel()) -> int:
+def kv_bytes_per_token(model: tx.ExampleModel = tx.ExampleModel()) -> int:
     """Bytes the cache keeps for one token: a key and a value per layer and per key-value head."""
     return (2                          # one key and one value
             * model.layers             # in every layer
@@ -1443,13 +1438,33 @@ def kv_bytes_per_token(model: ExampleModel = ExampleModel()) -> int:
             * model.bytes_per_number)  # bytes a number
 
 
-def kv_cache_bytes(tokens: int, model: ExampleModel = ExampleModel(), window: int | None = None) -> int:
+def kv_cache_bytes(tokens: int, model: tx.ExampleModel = tx.ExampleModel(),
+                   window: int | None = None) -> int:
     """Bytes of the cache after `tokens` tokens; a window keeps only its last `window` tokens."""
-    _check_tokens(tokens=tokens)
+    tx.check_nonnegative(tokens=tokens)
     if window is not None:
-        check_positive(window=window)
+        tx.check_positive(window=window)
     kept = tokens if window is None else min(tokens, window)   # a window forgets the older tokens
     return kept * kv_bytes_per_token(model)
+
+
+def greedy_decode(net, prompt: torch.Tensor, new_tokens: int, use_cache: bool = True):
+    """Write `new_tokens` tokens after `prompt` (1, n), each the model's most likely next token.
+
+    With the cache a step feeds only the newest token; without it, the whole text so far. Returns
+    the tokens (1, n + new_tokens) and the scores of each new token (1, new_tokens, vocabulary)."""
+    tx.check_positive(new_tokens=new_tokens)
+    tokens, cache, scores = prompt, None, []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            fed = tokens if cache is None else tokens[:, -1:]           # all of it, or the newest
+            out = net(fed, use_cache=use_cache, **{tx.cache_argument(net): cache})
+            cache = tx.model_cache(out) if use_cache else None          # every key and value so far
+            scores.append(out.logits[:, -1])                            # scores of the next token
+            tokens = torch.cat([tokens, scores[-1].argmax(-1, keepdim=True)], dim=-1)  # the best one
+    return tokens, torch.stack(scores, dim=1)
+
+# ── end of the cells saved from notebooks/06_kv_cache.md ──
 
 
 def cache_memory(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
@@ -1470,7 +1485,7 @@ def decode_seconds(context: int, model: ExampleModel = ExampleModel(),
                    accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
     """Time of one new token after `context` cached tokens: every weight and the whole cache are
     read once, so memory bandwidth sets the time (the arithmetic is far faster)."""
-    _check_tokens(context=context)
+    check_nonnegative(context=context)
     read = model.weight_bytes + kv_cache_bytes(context, model)  # bytes one step must read
     return read / accelerator.bytes_per_second
 
@@ -1502,6 +1517,14 @@ def conversations_that_fit(tokens: int, model: ExampleModel = ExampleModel(),
     """Conversations of `tokens` tokens whose caches fit beside the weights at the same time."""
     check_positive(tokens=tokens)
     return cache_memory(model, accelerator) // kv_cache_bytes(tokens, model)   # whole conversations only
+
+
+def decode_attention_flops(n: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
+    check_positive(n=n)
+    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
+    mix = n * model.width        # the weighted sum of n value vectors of width numbers
+    return 2 * (scores + mix) * model.layers
 
 
 def score_grid_bytes(rows: int, columns: int | None = None, bytes_per_number: int = 2) -> int:
@@ -1619,9 +1642,17 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def measured_cache_bytes(cache) -> int:
-    """Bytes of a transformers cache, summed over its real tensors (never from get_seq_length())."""
-    return sum(tensor_bytes((layer.keys, layer.values)) for layer in cache.layers)
+def cache_layer_bytes(cache) -> list[tuple[str, int]]:
+    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors (never from
+    get_seq_length()): "attention" for keys and values, "mamba" for a convolution window and a state."""
+    rows = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
+            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
+            rows.append(("mamba", tensor_bytes(held)))
+        else:                                        # an attention layer: every key and value
+            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
+    return rows
 
 
 def cached_tokens(cache) -> int:
@@ -1645,7 +1676,7 @@ def cache_check(model: ExampleModel, lengths: Iterable[int] = (5, 17, 40), windo
             cache = model_cache(net(ids, use_cache=True))
         kept = None if window is None else window - 1
         rows.append({"kv heads": model.kv_heads, "window": window or 0, "tokens": n,
-                     "kept": cached_tokens(cache), "measured bytes": measured_cache_bytes(cache),
+                     "kept": cached_tokens(cache), "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
                      "formula bytes": kv_cache_bytes(n, model, kept)})
     table = pd.DataFrame(rows)
     table["equal"] = table["measured bytes"] == table["formula bytes"]
@@ -1676,7 +1707,7 @@ def cache_trace(model: ExampleModel, steps: int = 24, window: int | None = None,
             step = {cache_argument(net): cache}                 # the cache back in, under this release's name
             cache = model_cache(net(ids[:, t:t + 1], use_cache=True, **step))   # one decode step
             rows.append({"tokens seen": t + 1, "kept": cached_tokens(cache),
-                         "measured bytes": measured_cache_bytes(cache),
+                         "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
                          "formula bytes": kv_cache_bytes(t + 1, model, kept)})
     table = pd.DataFrame(rows).set_index("tokens seen")
     table["equal"] = table["measured bytes"] == table["formula bytes"]
@@ -1747,29 +1778,67 @@ from typing import Sequence
 import torch.utils._python_dispatch
 
 
+# ── saved from notebooks/07_state_space_hybrids.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+
+def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another, from h_0 = 0.
+
+    a holds the share each step keeps, b what each step adds; returns h after every step."""
+    tx.check_steps(a, b)
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
+        h = a[..., t] * h + b[..., t]      # keep a share of what is held, add what is new
+        out.append(h)
+    return torch.stack(out, dim=-1)
+
+
+def combine(first: tuple, then: tuple) -> tuple:
+    """Two steps h ↦ a·h + b joined into one: `first` = (a₁, b₁), then `then` = (a₂, b₂)."""
+    a1, b1 = first
+    a2, b2 = then
+    return a1 * a2, a2 * b1 + b2     # a₂(a₁h + b₁) + b₂ = (a₁a₂)·h + (a₂b₁ + b₂)
+
+
+def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The h_t of scan_loop in ⌈log₂ n⌉ rounds: after round r, position t holds the last 2^r steps
+    up to t joined into one (Hillis and Steele's scan). No position waits for its neighbour."""
+    tx.check_steps(a, b)
+    shift = 1
+    while shift < b.shape[-1]:
+        earlier = (F.pad(a[..., :-shift], (shift, 0), value=1.0),   # the steps `shift` places back;
+                   F.pad(b[..., :-shift], (shift, 0), value=0.0))   # before the start, h ↦ h
+        a, b = combine(earlier, (a, b))                             # every position at once
+        shift *= 2
+    return b                          # h_0 = 0, so the joined step gives h_t = its b
+
+# ── end of the cells saved from notebooks/07_state_space_hybrids.md ──
+
+
+def check_steps(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The rates a and inputs b of a scan: tensors of one shape, steps along the last dimension."""
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape
+            or a.dim() < 1 or a.shape[-1] < 1):
+        raise ValueError(f"a and b must be tensors of one shape with a last dimension ≥ 1, got "
+                         f"{getattr(a, 'shape', a)!r} and {getattr(b, 'shape', b)!r}")
+
+
 def running_summary(inputs: Sequence[float], keep: float | Sequence[float]) -> list[float]:
-    """A one-number running summary s_t = keep_t · s_(t-1) + x_t; returns s after every step.
+    """A one-number running summary s_t = keep_t · s_(t-1) + x_t on plain numbers: scan_loop.
 
     `keep` is one rate for every step, or one rate per step (a rate the content chooses).
     """
     rates = [keep] * len(inputs) if isinstance(keep, numbers.Real) else list(keep)
     if len(rates) != len(inputs):
         raise ValueError(f"keep must be one number or one per input, got {len(rates)} for {len(inputs)}")
-    if any(not 0 <= rate <= 1 for rate in rates):
-        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
-    summary, history = 0.0, []
-    for x, rate in zip(inputs, rates):
-        summary = rate * summary + x      # shrink what is held, then add what the token brings
-        history.append(summary)
-    return history
+    check_rate(**{f"keep[{i}]": rate for i, rate in enumerate(rates)})
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)   # noqa: E731
+    return scan_loop(as_tensor(rates), as_tensor(inputs)).tolist()
 
 
 def weight_left(keep: float, steps: int) -> float:
     """What is left of a value after `steps` shrinkings by `keep`: keep ** steps (Method 1)."""
-    if not 0 <= keep <= 1:
-        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
+    check_rate(keep=keep)
+    check_nonnegative(steps=steps)
     return keep ** steps
 
 
@@ -1781,20 +1850,11 @@ def weight_of_first(keep: float | Sequence[float], n: int) -> float:
 
 def content_rates(kinds: Sequence[str], keep: float = 0.9, hold: float = 0.999) -> list[float]:
     """The rate each token chooses from its content: `hold` while filler passes, `keep` otherwise."""
-    if not (0 <= keep <= 1 and 0 <= hold <= 1):
-        raise ValueError(f"keep and hold must lie between 0 and 1, got {keep!r} and {hold!r}")
+    check_rate(keep=keep, hold=hold)
     return [hold if kind == "filler" else keep for kind in kinds]
 
 
-def decode_work_attention(n: int, model: ExampleModel = ExampleModel()) -> int:
-    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
-    check_positive(n=n)
-    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
-    mix = n * model.width        # the weighted sum of n value vectors of width numbers
-    return 2 * (scores + mix) * model.layers
-
-
-def decode_work_state_space(model: ExampleModel = ExampleModel()) -> int:
+def decode_state_space_flops(model: ExampleModel = ExampleModel()) -> int:
     """FLOPs a state-space layer spends on one new token, all layers: the same at every length."""
     numbers_held = model.width * model.state_per_channel   # state numbers of one layer
     update = numbers_held        # s ← a ⊙ s + u: one multiply-add a state number
@@ -1867,58 +1927,32 @@ def memory_table(n: int = 32_768, model: ExampleModel = ExampleModel(), window: 
     return table
 
 
-def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another (h_0 = 0)."""
-    _check_scan_inputs(a, b)
-    h, out = torch.zeros_like(b[..., 0]), []
-    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, dim=-1)
-
-
 def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The same h_t with two prefix sums in log space (Heinsen 2023): no step waits for another.
 
     h_t = P_t · Σ_(k≤t) b_k / P_k with P_t = a_1 ⋯ a_t. In logs: log h_t = log P_t +
     logcumsumexp(log b_k − log P_k). A complex logarithm carries the sign of a negative b.
     """
-    _check_scan_inputs(a, b)
+    check_steps(a, b)
+    check_log_rates(a)
     log_p = torch.cumsum(torch.log(a), dim=-1)                           # log P_t, a prefix sum
     log_b = torch.log(b.to(torch.complex128 if b.dtype == torch.float64 else torch.complex64))
     log_h = log_p + torch.logcumsumexp(log_b - log_p, dim=-1)            # the second prefix sum
     return torch.exp(log_h).real.to(b.dtype)
 
 
-def _combine(left, right):
-    """Two steps h ↦ a h + b composed: first `left`, then `right`."""
-    a1, b1 = left
-    a2, b2 = right
-    return a1 * a2, a2 * b1 + b2
-
-
-def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same h_t with PyTorch's associative scan: steps composed pairwise, in log₂ n rounds."""
-    from torch._higher_order_ops import associative_scan
-
-    _check_scan_inputs(a, b)
-    return associative_scan(_combine, (a, b), dim=a.dim() - 1, combine_mode="generic")[1]
-
-
 def scan_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The same formula without logs: P_t = exp(cumsum(log a)) underflows, so b / P_t overflows."""
-    _check_scan_inputs(a, b)
+    check_steps(a, b)
+    check_log_rates(a)
     p = torch.exp(torch.cumsum(torch.log(a), dim=-1))   # a_1 ⋯ a_t: shrinks towards 0
     return p * torch.cumsum(b / p, dim=-1)              # b / P_t: grows without bound
 
 
-def _check_scan_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
-    """a and b of one shape, rates a in (0, 1]."""
-    if a.shape != b.shape or a.dim() < 1 or a.shape[-1] < 1:
-        raise ValueError(f"a and b must have one shape with a last dimension ≥ 1, got "
-                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+def check_log_rates(a: torch.Tensor) -> None:
+    """Rates that a formula in logarithms can take: every a in (0, 1]."""
     if not bool(((a > 0) & (a <= 1)).all()):
-        raise ValueError("a must lie in (0, 1]: a rate of forgetting")
+        raise ValueError("a must lie in (0, 1] for a formula in logarithms: a rate of forgetting")
 
 
 def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
@@ -2009,18 +2043,6 @@ def prompt_cache(model, n: int, seed: int = 0):
         return model_cache(model(ids, use_cache=True))
 
 
-def cache_layer_bytes(cache) -> list[tuple[str, int]]:
-    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors."""
-    rows = []
-    for layer in cache.layers:
-        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
-            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
-            rows.append(("mamba", tensor_bytes(held)))
-        else:                                        # an attention layer: every key and value
-            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
-    return rows
-
-
 def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
     """Bytes of one Mamba layer's cache from its config: a window and a state per inner channel."""
     check_positive(batch=batch, element_size=element_size)
@@ -2033,10 +2055,14 @@ def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
 
 
 def attention_layer_formula(config, n: int, batch: int = 1, element_size: int = 4) -> int:
-    """Bytes of one attention layer's cache after n tokens: a key and a value per token per kv head."""
+    """Bytes of one attention layer's cache after n tokens, from a transformers config: Part 6's
+    kv_cache_bytes for one layer of the config's shape."""
     check_positive(n=n, batch=batch, element_size=element_size)
-    head_size = config.hidden_size // config.num_attention_heads
-    return 2 * batch * config.num_key_value_heads * n * head_size * element_size
+    heads = config.num_attention_heads
+    one_layer = ExampleModel(layers=1, width=config.hidden_size, heads=heads,
+                             head_size=config.hidden_size // heads, bytes_per_number=element_size,
+                             vocabulary=config.vocab_size, kv_heads=config.num_key_value_heads)
+    return batch * kv_cache_bytes(n, one_layer)
 
 
 def real_cache_table(model, ns: Iterable[int] = (16, 64, 256), seed: int = 0) -> pd.DataFrame:

@@ -47,6 +47,41 @@ def test_cache_table_and_trace_all_equal():
     assert trace["kept"].tolist() == [1, 2, 3, 3, 3, 3, 3, 3, 3]
 
 
+def test_decode_with_cache_matches_recomputing_the_prefix():
+    """Greedy decoding with the cache writes exactly the tokens of recomputing everything at every
+    step, and its scores agree to rounding (Part 6's decode_cache_matches)."""
+    model = replace(TINY, bytes_per_number=4, layers=2)
+    net = tx.hf_model(model, seed=3)
+    prompt = torch.randint(0, model.vocabulary, (1, 5), generator=torch.Generator().manual_seed(3))
+    cached, cached_scores = tx.greedy_decode(net, prompt, 12)
+    full, full_scores = tx.greedy_decode(net, prompt, 12, use_cache=False)
+    assert torch.equal(cached, full) and cached.shape == (1, 17)
+    assert torch.equal(cached[:, :5], prompt)
+    assert torch.allclose(cached_scores, full_scores, atol=1e-4)
+    assert cached_scores.shape == (1, 12, model.vocabulary)
+
+
+def test_decode_loop_really_uses_the_cache():
+    """Feeding only the newest token without its cache gives other scores: the match above is
+    not an accident of a model that ignores its past."""
+    model = replace(TINY, bytes_per_number=4)
+    net = tx.hf_model(model, seed=3)
+    prompt = torch.randint(0, model.vocabulary, (1, 6), generator=torch.Generator().manual_seed(4))
+    tokens, scores = tx.greedy_decode(net, prompt, 2)
+    with torch.no_grad():
+        alone = net(tokens[:, -2:-1]).logits[:, -1]        # the newest token with no cache at all
+    assert not torch.allclose(alone, scores[:, 1], atol=1e-3)
+
+
+def test_cache_layer_bytes_sums_every_key_and_value():
+    net = tx.hf_model(replace(TINY, kv_heads=2, layers=3))
+    with torch.no_grad():
+        cache = tx.model_cache(net(torch.arange(7)[None], use_cache=True))
+    per_layer = tx.cache_layer_bytes(cache)
+    assert [kind for kind, _ in per_layer] == ["attention"] * 3
+    assert sum(b for _, b in per_layer) == tx.kv_cache_bytes(7, replace(TINY, kv_heads=2, layers=3))
+
+
 def test_example_model_bytes_per_token_second_formula():
     """Per layer: K and V tensors of shape (kv_heads, head_size) for one token."""
     model = tx.ExampleModel()
@@ -134,6 +169,7 @@ def test_cli_prints_a_table_for_another_model(capsys):
     (lambda: tx.max_context(accelerator=tx.ExampleAccelerator(memory_bytes=1000)), "model"),
     (lambda: tx.hf_model(replace(TINY, bytes_per_number=3)), "bytes_per_number"),
     (lambda: tx.cache_trace(TINY, steps=0), "steps"),
+    (lambda: tx.greedy_decode(None, torch.zeros(1, 2, dtype=torch.long), 0), "new_tokens"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=re.escape(argument)):
