@@ -1483,8 +1483,9 @@ def max_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccele
 
 def decode_seconds(context: int, model: ExampleModel = ExampleModel(),
                    accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
-    """Time of one new token after `context` cached tokens: every weight and the whole cache are
-    read once, so memory bandwidth sets the time (the arithmetic is far faster)."""
+    """Time of one new token after `context` cached tokens, one conversation at a time: every weight
+    and the whole cache are read once, so memory bandwidth sets the time (the arithmetic of one
+    token is far faster; see decode_step_flops for many conversations at once)."""
     check_nonnegative(context=context)
     read = model.weight_bytes + kv_cache_bytes(context, model)  # bytes one step must read
     return read / accelerator.bytes_per_second
@@ -1521,10 +1522,68 @@ def conversations_that_fit(tokens: int, model: ExampleModel = ExampleModel(),
 
 def decode_attention_flops(n: int, model: ExampleModel = ExampleModel()) -> int:
     """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
-    check_positive(n=n)
+    check_nonnegative(n=n)
     scores = n * model.width     # the new query against n keys: width numbers each, all heads together
     mix = n * model.width        # the weighted sum of n value vectors of width numbers
     return 2 * (scores + mix) * model.layers
+
+
+def decode_step_flops(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs of one decode step for `batch` conversations with `context` cached tokens each: one
+    multiply-add per weight per new token, and attention over each conversation's own cache."""
+    check_positive(batch=batch)
+    return batch * (2 * model.parameters + decode_attention_flops(context, model))
+
+
+def decode_step_bytes(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
+    """Bytes one decode step reads: the weights once for the whole batch, and every cache once."""
+    check_positive(batch=batch)
+    return model.weight_bytes + batch * kv_cache_bytes(context, model)
+
+
+def ridge_batch(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+                context: int = 0) -> int | None:
+    """The smallest batch whose decode step does the accelerator's FLOPs per byte (arithmetic then
+    sets the time); None when no batch does, because each cache adds more bytes than FLOPs."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second   # FLOPs per byte it can do
+    intensity = lambda b: decode_step_flops(b, context, model) / decode_step_bytes(b, context, model)  # noqa: E731
+    gain = decode_step_flops(1, context, model) - ratio * kv_cache_bytes(context, model)  # per conversation
+    if gain <= 0:
+        return None
+    batch = max(1, math.ceil(ratio * model.weight_bytes / gain))   # solve intensity(batch) = ratio
+    while batch > 1 and intensity(batch - 1) >= ratio:             # and step past any rounding
+        batch -= 1
+    while intensity(batch) < ratio:
+        batch += 1
+    return batch
+
+
+def ridge_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int | None:
+    """The longest cache with which some batch still reaches the accelerator's FLOPs per byte; None
+    when every length can (attention over a cache then does enough FLOPs per byte by itself)."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+    loss = ratio * kv_bytes_per_token(model) - decode_attention_flops(1, model)   # per cached token
+    if loss <= 0:
+        return None
+    return math.ceil(2 * model.parameters / loss) - 1      # the last context with a positive gain
+
+
+def ridge_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+                kv_heads: Iterable[int] = (16, 4, 1), contexts: Iterable[int] = (0, 32, 64, 128)) -> pd.DataFrame:
+    """For each sharing of keys and values: the batch at which a decode step reaches the accelerator's
+    FLOPs per byte, for caches of several lengths (NA: no batch does), and the longest such cache."""
+    from dataclasses import replace
+
+    rows = {}
+    for kv in kv_heads:
+        shared = replace(model, kv_heads=kv)
+        row = {f"batch at {c:,} tokens": ridge_batch(shared, accelerator, c) for c in contexts}
+        row["longest cache"] = ridge_context(shared, accelerator)
+        row["attention FLOPs a cache byte"] = decode_attention_flops(1, shared) / kv_bytes_per_token(shared)
+        rows[kv] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "kv heads"
+    return table.astype({c: "Int64" for c in table.columns if c != "attention FLOPs a cache byte"})
 
 
 def score_grid_bytes(rows: int, columns: int | None = None, bytes_per_number: int = 2) -> int:

@@ -140,6 +140,36 @@ def test_prefill_attention_flops_match_flop_counter():
     assert counted == 2 * causal_flops
 
 
+def test_ridge_batch_by_counting_up():
+    """Count batches up from 1 until a decode step does the accelerator's FLOPs per byte."""
+    accel = tx.ExampleAccelerator()
+    ratio = accel.flops_per_second / accel.bytes_per_second
+    for kv, context in ((16, 0), (16, 32), (16, 64), (4, 128), (1, 500)):
+        model = replace(tx.ExampleModel(), kv_heads=kv)
+        batch = 1
+        while tx.decode_step_flops(batch, context, model) < ratio * tx.decode_step_bytes(batch, context, model):
+            batch += 1
+        assert tx.ridge_batch(model, accel, context) == batch
+    assert tx.ridge_batch(tx.ExampleModel(), accel, 0) == 100      # weights only: one FLOP a byte each
+
+
+def test_ridge_context_is_the_last_cache_a_batch_can_fill():
+    accel = tx.ExampleAccelerator()
+    for kv in (16, 4, 1):
+        model = replace(tx.ExampleModel(), kv_heads=kv)
+        last = tx.ridge_context(model, accel)
+        assert tx.ridge_batch(model, accel, last) is not None
+        assert tx.ridge_batch(model, accel, last + 1) is None
+    slow = tx.ExampleAccelerator(flops_per_second=1e12)     # one FLOP a byte: every cache length can
+    assert tx.ridge_context(replace(tx.ExampleModel(), kv_heads=1), slow) is None
+
+
+def test_decode_step_counts_one_conversation_as_before():
+    model = tx.ExampleModel()
+    assert tx.decode_step_bytes(1, 8192, model) == model.weight_bytes + tx.kv_cache_bytes(8192, model)
+    assert tx.decode_step_flops(3, 10, model) == 3 * (2 * model.parameters + tx.decode_attention_flops(10, model))
+
+
 def test_score_grid_bytes_equal_torch_nbytes():
     for rows, columns, nbytes, dtype in ((8, 8, 2, torch.bfloat16), (128, 64, 4, torch.float32),
                                          (8192, 8192, 2, torch.float16)):
@@ -170,6 +200,8 @@ def test_cli_prints_a_table_for_another_model(capsys):
     (lambda: tx.hf_model(replace(TINY, bytes_per_number=3)), "bytes_per_number"),
     (lambda: tx.cache_trace(TINY, steps=0), "steps"),
     (lambda: tx.greedy_decode(None, torch.zeros(1, 2, dtype=torch.long), 0), "new_tokens"),
+    (lambda: tx.decode_step_flops(0, 5), "batch"),
+    (lambda: tx.decode_step_bytes(2, -1), "tokens"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=re.escape(argument)):

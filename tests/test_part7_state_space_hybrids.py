@@ -225,7 +225,7 @@ def test_real_jamba_cache_grows_only_in_attention():
     (lambda: tx.weight_left(2.0, 3), "keep"),
     (lambda: tx.weight_of_first(0.9, 0), "n"),
     (lambda: tx.content_rates(["filler"], hold=1.2), "hold"),
-    (lambda: tx.decode_attention_flops(0), "n"),
+    (lambda: tx.decode_attention_flops(-1), "n"),
     (lambda: tx.scan_associative(torch.ones(2, 3), torch.ones(3)), "a and b"),
     (lambda: tx.scan_loop([1.0], [1.0]), "a and b"),
     (lambda: tx.kv_cache_bytes(10, window=0), "window"),
