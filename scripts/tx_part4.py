@@ -1427,6 +1427,10 @@ def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
 # ── saved from notebooks/06_kv_cache.md: `make sync` writes this block from the cells marked #@save; edit them there ──
 
 def kv_bytes_per_token(model: tx.ExampleModel = tx.ExampleModel()) -> int:
@@ -1463,6 +1467,29 @@ def greedy_decode(net, prompt: torch.Tensor, new_tokens: int, use_cache: bool = 
             scores.append(out.logits[:, -1])                            # scores of the next token
             tokens = torch.cat([tokens, scores[-1].argmax(-1, keepdim=True)], dim=-1)  # the best one
     return tokens, torch.stack(scores, dim=1)
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int = 128):
+    """attention_core for one block of `tile` queries at a time against blocks of `tile` keys, with
+    a running softmax (FlashAttention's loop): no n × n grid. Returns the output and the bytes it
+    reads from and writes to main memory (q, k, v and the output), block by block."""
+    tx.check_qkv(q, k, v)
+    tx.check_positive(tile=tile)
+    out, moved = torch.empty_like(q), 0
+    for i in range(0, q.shape[-2], tile):
+        qi = q[..., i:i + tile, :] / math.sqrt(q.shape[-1])     # read a block of queries
+        top = torch.full_like(qi[..., :1], -math.inf)            # largest score so far, per query
+        total, mixed = torch.zeros_like(top), torch.zeros_like(qi)   # softmax's sum, weighted values
+        for j in range(0, k.shape[-2], tile):
+            kj, vj = k[..., j:j + tile, :], v[..., j:j + tile, :]     # read a block of keys and values
+            s = qi @ kj.transpose(-2, -1)                             # a tile of scores, on the chip
+            new_top = torch.maximum(top, s.amax(-1, keepdim=True))
+            p, fade = torch.exp(s - new_top), torch.exp(top - new_top)   # fade rescales the old sums
+            total, mixed, top = total * fade + p.sum(-1, keepdim=True), mixed * fade + p @ vj, new_top
+            moved += (kj.numel() + vj.numel()) * k.element_size()
+        out[..., i:i + tile, :] = mixed / total                   # write the block's output once
+        moved += 2 * qi.numel() * q.element_size()                # its queries in, its output out
+    return out, moved
 
 # ── end of the cells saved from notebooks/06_kv_cache.md ──
 
@@ -1591,6 +1618,48 @@ def score_grid_bytes(rows: int, columns: int | None = None, bytes_per_number: in
     columns = rows if columns is None else columns
     check_positive(rows=rows, columns=columns, bytes_per_number=bytes_per_number)
     return rows * columns * bytes_per_number
+
+
+def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
+    """Bytes attention_core moves for one head of n tokens and width d when each of its four
+    operations reads its inputs from main memory and writes its result back."""
+    check_positive(n=n, d=d, bytes_per_number=bytes_per_number)
+    grid, rows = n * n * bytes_per_number, n * d * bytes_per_number   # the n × n grid; Q, K, V or O
+    return ((2 * rows + grid)          # S = Q Kᵀ: read Q and K, write S
+            + 2 * grid                 # S / √d: read S, write it back
+            + 2 * grid                 # softmax: read S, write the weights P
+            + (grid + rows + rows))    # P V: read P and V, write the output
+
+
+def tiled_attention_bytes(n: int, d: int, tile: int = 128, bytes_per_number: int = 2) -> int:
+    """Bytes tiled_attention moves for one head: every query read and every output written once,
+    every key and value read once for each block of `tile` queries; the scores stay on the chip."""
+    check_positive(n=n, d=d, tile=tile, bytes_per_number=bytes_per_number)
+    rows = n * d * bytes_per_number
+    blocks = math.ceil(n / tile)                 # blocks of queries
+    return rows + rows + blocks * 2 * rows       # Q in, O out, K and V in once a block
+
+
+class _BytesCounter(TorchDispatchMode):
+    """Add up the bytes every operation reads and writes (views move nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.moved = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.moved += tensor_bytes(t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        return out
+
+
+def count_bytes_moved(fn: Callable, *args) -> int:
+    """Bytes fn(*args) would move if every operation read its inputs from main memory and wrote
+    its result back: the traffic of running it one PyTorch operation at a time, nothing fused."""
+    with torch.no_grad(), _BytesCounter() as counter:
+        fn(*args)
+    return counter.moved
 
 
 def sharing_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),

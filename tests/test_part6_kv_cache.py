@@ -170,6 +170,28 @@ def test_decode_step_counts_one_conversation_as_before():
     assert tx.decode_step_flops(3, 10, model) == 3 * (2 * model.parameters + tx.decode_attention_flops(10, model))
 
 
+@pytest.mark.parametrize("n,d,tile", [(1, 4, 128), (37, 8, 16), (200, 16, 64), (256, 32, 256)])
+def test_tiled_attention_equals_the_core_and_its_byte_formula(n, d, tile):
+    g = torch.Generator().manual_seed(n)
+    q, k, v = torch.randn(3, 2, n, d, generator=g, dtype=torch.float64)   # two heads at once
+    out, moved = tx.tiled_attention(q, k, v, tile)
+    assert torch.allclose(out, tx.attention_core(q, k, v), rtol=1e-10, atol=1e-12)
+    assert moved == 2 * tx.tiled_attention_bytes(n, d, tile, 8)
+
+
+@pytest.mark.parametrize("n,d,bytes_per_number", [(5, 3, 4), (64, 16, 2), (8192, 64, 2)])
+def test_naive_bytes_equal_the_counted_operations_on_meta_tensors(n, d, bytes_per_number):
+    dtype = tx.DTYPES[bytes_per_number]
+    q, k, v = (torch.empty(n, d, dtype=dtype, device="meta") for _ in range(3))
+    assert tx.count_bytes_moved(tx.attention_core, q, k, v) == tx.naive_attention_bytes(n, d, bytes_per_number)
+
+
+def test_tiled_bytes_fall_with_the_tile_and_stay_below_naive():
+    sizes = [tx.tiled_attention_bytes(8192, 64, tile) for tile in (32, 64, 128, 256)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert all(s < tx.naive_attention_bytes(8192, 64) for s in sizes)
+
+
 def test_score_grid_bytes_equal_torch_nbytes():
     for rows, columns, nbytes, dtype in ((8, 8, 2, torch.bfloat16), (128, 64, 4, torch.float32),
                                          (8192, 8192, 2, torch.float16)):
@@ -201,6 +223,9 @@ def test_cli_prints_a_table_for_another_model(capsys):
     (lambda: tx.cache_trace(TINY, steps=0), "steps"),
     (lambda: tx.greedy_decode(None, torch.zeros(1, 2, dtype=torch.long), 0), "new_tokens"),
     (lambda: tx.decode_step_flops(0, 5), "batch"),
+    (lambda: tx.tiled_attention(torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 4), 0), "tile"),
+    (lambda: tx.naive_attention_bytes(0, 4), "n"),
+    (lambda: tx.tiled_attention_bytes(4, 4, tile=0), "tile"),
     (lambda: tx.decode_step_bytes(2, -1), "tokens"),
 ])
 def test_bad_input_names_the_argument(call, argument):
