@@ -1494,6 +1494,19 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int
 # ── end of the cells saved from notebooks/06_kv_cache.md ──
 
 
+def kv_projection_saving(model: ExampleModel = ExampleModel()) -> int:
+    """Weights that W_K and W_V give up when groups of heads share keys and values: each keeps
+    kv_heads × head_size columns instead of heads × head_size, in every layer."""
+    return 2 * model.layers * model.width * (model.heads - model.kv_heads) * model.head_size
+
+
+def with_grouped_projections(model: ExampleModel) -> ReaderModel:
+    """The same model with its weight count lowered by the smaller K and V projections (the stated
+    example model keeps 12 width² a layer whatever kv_heads is, as the companion articles do)."""
+    fields = {f: getattr(model, f) for f in ExampleModel.__dataclass_fields__}
+    return ReaderModel(**fields, weight_count=model.parameters - kv_projection_saving(model))
+
+
 def cache_memory(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
     """Bytes of memory left for caches once the weights are loaded."""
     free = accelerator.memory_bytes - model.weight_bytes
@@ -1716,10 +1729,11 @@ def _sharing_table() -> pd.DataFrame:
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 
 
-def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
+def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0, device: str = "cpu"):
     """A real Hugging Face decoder of model's shape, random weights, built from a config (no download).
 
-    Llama without a window; Mistral with `sliding_window = window`."""
+    Llama without a window; Mistral with `sliding_window = window`. On device "meta" its tensors
+    have shapes and no numbers: a full-size model costs nothing to build."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     if model.bytes_per_number not in DTYPES:
@@ -1728,11 +1742,11 @@ def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
                  num_hidden_layers=model.layers, num_attention_heads=model.heads,
                  num_key_value_heads=model.kv_heads, head_dim=model.head_size, max_position_embeddings=4096)
     torch.manual_seed(seed)
-    if window is None:
-        net = LlamaForCausalLM(LlamaConfig(**shape))
-    else:
+    if window is not None:
         check_positive(window=window)
-        net = MistralForCausalLM(MistralConfig(sliding_window=window, **shape))
+    with torch.device(device):
+        net = (LlamaForCausalLM(LlamaConfig(**shape)) if window is None
+               else MistralForCausalLM(MistralConfig(sliding_window=window, **shape)))
     return net.to(DTYPES[model.bytes_per_number]).eval()
 
 

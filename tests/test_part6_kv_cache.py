@@ -82,6 +82,16 @@ def test_cache_layer_bytes_sums_every_key_and_value():
     assert sum(b for _, b in per_layer) == tx.kv_cache_bytes(7, replace(TINY, kv_heads=2, layers=3))
 
 
+@pytest.mark.parametrize("kv", (8, 4, 2, 1))
+def test_kv_projection_saving_equals_real_llama_parameters(kv):
+    """The weights sharing removes, against the parameter counts of real Llama models on meta."""
+    full = replace(TINY, layers=3)
+    count = lambda m: sum(p.numel() for p in tx.hf_model(m, device="meta").parameters())  # noqa: E731
+    shared = replace(full, kv_heads=kv)
+    assert count(full) - count(shared) == tx.kv_projection_saving(shared)
+    assert tx.with_grouped_projections(shared).parameters == shared.parameters - tx.kv_projection_saving(shared)
+
+
 def test_example_model_bytes_per_token_second_formula():
     """Per layer: K and V tensors of shape (kv_heads, head_size) for one token."""
     model = tx.ExampleModel()
