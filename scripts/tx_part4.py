@@ -2004,6 +2004,45 @@ def decode_state_space_flops(model: ExampleModel = ExampleModel()) -> int:
     return 2 * (update + readout) * model.layers
 
 
+def mamba_mixer_weights(width: int, expand: int = 2, state: int = 16, conv: int = 4,
+                        dt_rank: int | None = None) -> int:
+    """Weights of one Mamba mixer as transformers builds it (Gu and Dao 2023), for model width d and
+    inner width E·d: the input projection d → 2·E·d (the path and its gate), a short convolution,
+    the projections that make Δ, B and C from the token, A and D, and the output projection."""
+    check_positive(width=width, expand=expand, state=state, conv=conv)
+    inner = expand * width
+    rank = math.ceil(width / 16) if dt_rank is None else dt_rank   # Δ's low rank ("auto" in transformers)
+    return (width * 2 * inner                # in_proj: d → 2·E·d
+            + inner * conv + inner           # conv1d, one window per inner channel, and its bias
+            + inner * (rank + 2 * state)     # x_proj: Δ's rank numbers, B and C
+            + rank * inner + inner           # dt_proj: rank → E·d, and its bias
+            + inner * state + inner          # A (stored as A_log) and D
+            + inner * width)                 # out_proj: E·d → d
+
+
+def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = ExampleModel(),
+                     expand: int = 2, conv: int = 4) -> pd.DataFrame:
+    """FLOPs for one more token with every weight counted (2 a weight a token meets): one attention
+    layer with its four projections against one Mamba mixer with its own, and the example model
+    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept)."""
+    d, layers = model.width, model.layers
+    projections = 4 * d * d                                              # W_Q, W_K, W_V, W_O
+    mixer = mamba_mixer_weights(d, expand, model.state_per_channel, conv)
+    scan = 4 * expand * d * model.state_per_channel                     # update and read-out, 2 FLOPs each
+    rows = {}
+    for n in ns:
+        attention_layer = 2 * projections + decode_attention_flops(n, model) // layers
+        mixer_layer = 2 * mixer + scan
+        rows[n] = {"attention layer": attention_layer, "Mamba mixer": mixer_layer,
+                   "layer ratio": attention_layer / mixer_layer,
+                   "attention model": 2 * model.parameters + decode_attention_flops(n, model),
+                   "state-space model": 2 * (model.parameters + layers * (mixer - projections)) + layers * scan}
+        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["state-space model"]
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "tokens"
+    return table
+
+
 def state_space_step(state: torch.Tensor, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor):
     """One decode step of one state-space layer: every tensor (width, state); returns (state, y)."""
     state = a * state + u               # shrink each state number, add the new token's part

@@ -201,6 +201,24 @@ def test_naive_scan_overflows_where_predicted(keep):
     assert torch.isfinite(tx.scan_log_space(a, b)).all()
 
 
+@pytest.mark.parametrize("hidden,state", [(16, 4), (32, 16), (48, 8)])
+def test_mamba_mixer_weights_equal_a_real_mixer(hidden, state):
+    model = tx.tiny_mamba(layers=1, hidden=hidden, state=state)
+    real = sum(w.numel() for w in model.backbone.layers[0].mixer.parameters())
+    assert tx.mamba_mixer_weights(hidden, expand=2, state=state, conv=4) == real
+
+
+def test_end_to_end_table_adds_the_projections():
+    model = tx.ExampleModel()
+    table = tx.end_to_end_table(ns=(1024, 8192), model=model)
+    d = model.width
+    assert table.loc[8192, "attention layer"] == 8 * d * d + tx.decode_attention_flops(8192, model) // model.layers
+    assert table["Mamba mixer"].nunique() == 1                     # the same at every length
+    assert table.loc[1024, "layer ratio"] < 1 < table.loc[8192, "layer ratio"]
+    swapped = model.parameters + model.layers * (tx.mamba_mixer_weights(d) - 4 * d * d)
+    assert table.loc[1024, "state-space model"] == 2 * swapped + model.layers * 4 * 2 * d * 16
+
+
 def test_real_mamba_cache_is_constant_and_matches_formula():
     model = tx.tiny_mamba(layers=2, hidden=16, state=8)
     table = tx.real_cache_table(model, ns=(3, 20, 50))
