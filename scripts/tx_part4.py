@@ -1500,14 +1500,13 @@ def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def _check_tokens(**tokens: int) -> None:
-    """Raise ValueError naming the first token count that is not a whole number ≥ 0."""
-    for name, value in tokens.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
-def kv_bytes_per_token(model: ExampleModel = ExampleModel()) -> int:
+# ── saved from notebooks/06_kv_cache.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+
+def kv_bytes_per_token(model: tx.ExampleModel = tx.ExampleModel()) -> int:
     """Bytes the cache keeps for one token: a key and a value per layer and per key-value head."""
     return (2                          # one key and one value
             * model.layers             # in every layer
@@ -1516,13 +1515,69 @@ def kv_bytes_per_token(model: ExampleModel = ExampleModel()) -> int:
             * model.bytes_per_number)  # bytes a number
 
 
-def kv_cache_bytes(tokens: int, model: ExampleModel = ExampleModel(), window: int | None = None) -> int:
+def kv_cache_bytes(tokens: int, model: tx.ExampleModel = tx.ExampleModel(),
+                   window: int | None = None) -> int:
     """Bytes of the cache after `tokens` tokens; a window keeps only its last `window` tokens."""
-    _check_tokens(tokens=tokens)
+    tx.check_nonnegative(tokens=tokens)
     if window is not None:
-        check_positive(window=window)
+        tx.check_positive(window=window)
     kept = tokens if window is None else min(tokens, window)   # a window forgets the older tokens
     return kept * kv_bytes_per_token(model)
+
+
+def greedy_decode(net, prompt: torch.Tensor, new_tokens: int, use_cache: bool = True):
+    """Write `new_tokens` tokens after `prompt` (1, n), each the model's most likely next token.
+
+    With the cache a step feeds only the newest token; without it, the whole text so far. Returns
+    the tokens (1, n + new_tokens) and the scores of each new token (1, new_tokens, vocabulary)."""
+    tx.check_positive(new_tokens=new_tokens)
+    tokens, cache, scores = prompt, None, []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            fed = tokens if cache is None else tokens[:, -1:]           # all of it, or the newest
+            out = net(fed, use_cache=use_cache, **{tx.cache_argument(net): cache})
+            cache = tx.model_cache(out) if use_cache else None          # every key and value so far
+            scores.append(out.logits[:, -1])                            # scores of the next token
+            tokens = torch.cat([tokens, scores[-1].argmax(-1, keepdim=True)], dim=-1)  # the best one
+    return tokens, torch.stack(scores, dim=1)
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int = 128):
+    """attention_core for one block of `tile` queries at a time against blocks of `tile` keys, with
+    a running softmax (FlashAttention's loop): no n × n grid. Returns the output and the bytes it
+    reads from and writes to main memory (q, k, v and the output), block by block."""
+    tx.check_qkv(q, k, v)
+    tx.check_positive(tile=tile)
+    out, moved = torch.empty_like(q), 0
+    for i in range(0, q.shape[-2], tile):
+        qi = q[..., i:i + tile, :] / math.sqrt(q.shape[-1])     # read a block of queries
+        top = torch.full_like(qi[..., :1], -math.inf)            # largest score so far, per query
+        total, mixed = torch.zeros_like(top), torch.zeros_like(qi)   # softmax's sum, weighted values
+        for j in range(0, k.shape[-2], tile):
+            kj, vj = k[..., j:j + tile, :], v[..., j:j + tile, :]     # read a block of keys and values
+            s = qi @ kj.transpose(-2, -1)                             # a tile of scores, on the chip
+            new_top = torch.maximum(top, s.amax(-1, keepdim=True))
+            p, fade = torch.exp(s - new_top), torch.exp(top - new_top)   # fade rescales the old sums
+            total, mixed, top = total * fade + p.sum(-1, keepdim=True), mixed * fade + p @ vj, new_top
+            moved += (kj.numel() + vj.numel()) * k.element_size()
+        out[..., i:i + tile, :] = mixed / total                   # write the block's output once
+        moved += 2 * qi.numel() * q.element_size()                # its queries in, its output out
+    return out, moved
+
+# ── end of the cells saved from notebooks/06_kv_cache.md ──
+
+
+def kv_projection_saving(model: ExampleModel = ExampleModel()) -> int:
+    """Weights that W_K and W_V give up when groups of heads share keys and values: each keeps
+    kv_heads × head_size columns instead of heads × head_size, in every layer."""
+    return 2 * model.layers * model.width * (model.heads - model.kv_heads) * model.head_size
+
+
+def with_grouped_projections(model: ExampleModel) -> ReaderModel:
+    """The same model with its weight count lowered by the smaller K and V projections (the stated
+    example model keeps 12 width² a layer whatever kv_heads is, as the companion articles do)."""
+    fields = {f: getattr(model, f) for f in ExampleModel.__dataclass_fields__}
+    return ReaderModel(**fields, weight_count=model.parameters - kv_projection_saving(model))
 
 
 def cache_memory(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
@@ -1541,9 +1596,10 @@ def max_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccele
 
 def decode_seconds(context: int, model: ExampleModel = ExampleModel(),
                    accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
-    """Time of one new token after `context` cached tokens: every weight and the whole cache are
-    read once, so memory bandwidth sets the time (the arithmetic is far faster)."""
-    _check_tokens(context=context)
+    """Time of one new token after `context` cached tokens, one conversation at a time: every weight
+    and the whole cache are read once, so memory bandwidth sets the time (the arithmetic of one
+    token is far faster; see decode_step_flops for many conversations at once)."""
+    check_nonnegative(context=context)
     read = model.weight_bytes + kv_cache_bytes(context, model)  # bytes one step must read
     return read / accelerator.bytes_per_second
 
@@ -1577,11 +1633,119 @@ def conversations_that_fit(tokens: int, model: ExampleModel = ExampleModel(),
     return cache_memory(model, accelerator) // kv_cache_bytes(tokens, model)   # whole conversations only
 
 
+def decode_attention_flops(n: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
+    check_nonnegative(n=n)
+    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
+    mix = n * model.width        # the weighted sum of n value vectors of width numbers
+    return 2 * (scores + mix) * model.layers
+
+
+def decode_step_flops(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs of one decode step for `batch` conversations with `context` cached tokens each: one
+    multiply-add per weight per new token, and attention over each conversation's own cache."""
+    check_positive(batch=batch)
+    return batch * (2 * model.parameters + decode_attention_flops(context, model))
+
+
+def decode_step_bytes(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
+    """Bytes one decode step reads: the weights once for the whole batch, and every cache once."""
+    check_positive(batch=batch)
+    return model.weight_bytes + batch * kv_cache_bytes(context, model)
+
+
+def ridge_batch(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+                context: int = 0) -> int | None:
+    """The smallest batch whose decode step does the accelerator's FLOPs per byte (arithmetic then
+    sets the time); None when no batch does, because each cache adds more bytes than FLOPs."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second   # FLOPs per byte it can do
+    intensity = lambda b: decode_step_flops(b, context, model) / decode_step_bytes(b, context, model)  # noqa: E731
+    gain = decode_step_flops(1, context, model) - ratio * kv_cache_bytes(context, model)  # per conversation
+    if gain <= 0:
+        return None
+    batch = max(1, math.ceil(ratio * model.weight_bytes / gain))   # solve intensity(batch) = ratio
+    while batch > 1 and intensity(batch - 1) >= ratio:             # and step past any rounding
+        batch -= 1
+    while intensity(batch) < ratio:
+        batch += 1
+    return batch
+
+
+def ridge_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int | None:
+    """The longest cache with which some batch still reaches the accelerator's FLOPs per byte; None
+    when every length can (attention over a cache then does enough FLOPs per byte by itself)."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+    loss = ratio * kv_bytes_per_token(model) - decode_attention_flops(1, model)   # per cached token
+    if loss <= 0:
+        return None
+    return math.ceil(2 * model.parameters / loss) - 1      # the last context with a positive gain
+
+
+def ridge_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+                kv_heads: Iterable[int] = (16, 4, 1), contexts: Iterable[int] = (0, 32, 64, 128)) -> pd.DataFrame:
+    """For each sharing of keys and values: the batch at which a decode step reaches the accelerator's
+    FLOPs per byte, for caches of several lengths (NA: no batch does), and the longest such cache."""
+    from dataclasses import replace
+
+    rows = {}
+    for kv in kv_heads:
+        shared = replace(model, kv_heads=kv)
+        row = {f"batch at {c:,} tokens": ridge_batch(shared, accelerator, c) for c in contexts}
+        row["longest cache"] = ridge_context(shared, accelerator)
+        row["attention FLOPs a cache byte"] = decode_attention_flops(1, shared) / kv_bytes_per_token(shared)
+        rows[kv] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "kv heads"
+    return table.astype({c: "Int64" for c in table.columns if c != "attention FLOPs a cache byte"})
+
+
 def score_grid_bytes(rows: int, columns: int | None = None, bytes_per_number: int = 2) -> int:
     """Bytes of a grid of attention scores of one head: rows × columns numbers."""
     columns = rows if columns is None else columns
     check_positive(rows=rows, columns=columns, bytes_per_number=bytes_per_number)
     return rows * columns * bytes_per_number
+
+
+def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
+    """Bytes attention_core moves for one head of n tokens and width d when each of its four
+    operations reads its inputs from main memory and writes its result back."""
+    check_positive(n=n, d=d, bytes_per_number=bytes_per_number)
+    grid, rows = n * n * bytes_per_number, n * d * bytes_per_number   # the n × n grid; Q, K, V or O
+    return ((2 * rows + grid)          # S = Q Kᵀ: read Q and K, write S
+            + 2 * grid                 # S / √d: read S, write it back
+            + 2 * grid                 # softmax: read S, write the weights P
+            + (grid + rows + rows))    # P V: read P and V, write the output
+
+
+def tiled_attention_bytes(n: int, d: int, tile: int = 128, bytes_per_number: int = 2) -> int:
+    """Bytes tiled_attention moves for one head: every query read and every output written once,
+    every key and value read once for each block of `tile` queries; the scores stay on the chip."""
+    check_positive(n=n, d=d, tile=tile, bytes_per_number=bytes_per_number)
+    rows = n * d * bytes_per_number
+    blocks = math.ceil(n / tile)                 # blocks of queries
+    return rows + rows + blocks * 2 * rows       # Q in, O out, K and V in once a block
+
+
+class _BytesCounter(TorchDispatchMode):
+    """Add up the bytes every operation reads and writes (views move nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.moved = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.moved += tensor_bytes(t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        return out
+
+
+def count_bytes_moved(fn: Callable, *args) -> int:
+    """Bytes fn(*args) would move if every operation read its inputs from main memory and wrote
+    its result back: the traffic of running it one PyTorch operation at a time, nothing fused."""
+    with torch.no_grad(), _BytesCounter() as counter:
+        fn(*args)
+    return counter.moved
 
 
 def sharing_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
@@ -1638,10 +1802,11 @@ def _sharing_table() -> pd.DataFrame:
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 
 
-def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
+def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0, device: str = "cpu"):
     """A real Hugging Face decoder of model's shape, random weights, built from a config (no download).
 
-    Llama without a window; Mistral with `sliding_window = window`."""
+    Llama without a window; Mistral with `sliding_window = window`. On device "meta" its tensors
+    have shapes and no numbers: a full-size model costs nothing to build."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     if model.bytes_per_number not in DTYPES:
@@ -1650,11 +1815,11 @@ def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
                  num_hidden_layers=model.layers, num_attention_heads=model.heads,
                  num_key_value_heads=model.kv_heads, head_dim=model.head_size, max_position_embeddings=4096)
     torch.manual_seed(seed)
-    if window is None:
-        net = LlamaForCausalLM(LlamaConfig(**shape))
-    else:
+    if window is not None:
         check_positive(window=window)
-        net = MistralForCausalLM(MistralConfig(sliding_window=window, **shape))
+    with torch.device(device):
+        net = (LlamaForCausalLM(LlamaConfig(**shape)) if window is None
+               else MistralForCausalLM(MistralConfig(sliding_window=window, **shape)))
     return net.to(DTYPES[model.bytes_per_number]).eval()
 
 
@@ -1692,9 +1857,17 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def measured_cache_bytes(cache) -> int:
-    """Bytes of a transformers cache, summed over its real tensors (never from get_seq_length())."""
-    return sum(tensor_bytes((layer.keys, layer.values)) for layer in cache.layers)
+def cache_layer_bytes(cache) -> list[tuple[str, int]]:
+    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors (never from
+    get_seq_length()): "attention" for keys and values, "mamba" for a convolution window and a state."""
+    rows = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
+            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
+            rows.append(("mamba", tensor_bytes(held)))
+        else:                                        # an attention layer: every key and value
+            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
+    return rows
 
 
 def cached_tokens(cache) -> int:
@@ -1718,7 +1891,7 @@ def cache_check(model: ExampleModel, lengths: Iterable[int] = (5, 17, 40), windo
             cache = model_cache(net(ids, use_cache=True))
         kept = None if window is None else window - 1
         rows.append({"kv heads": model.kv_heads, "window": window or 0, "tokens": n,
-                     "kept": cached_tokens(cache), "measured bytes": measured_cache_bytes(cache),
+                     "kept": cached_tokens(cache), "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
                      "formula bytes": kv_cache_bytes(n, model, kept)})
     table = pd.DataFrame(rows)
     table["equal"] = table["measured bytes"] == table["formula bytes"]
@@ -1749,7 +1922,7 @@ def cache_trace(model: ExampleModel, steps: int = 24, window: int | None = None,
             step = {cache_argument(net): cache}                 # the cache back in, under this release's name
             cache = model_cache(net(ids[:, t:t + 1], use_cache=True, **step))   # one decode step
             rows.append({"tokens seen": t + 1, "kept": cached_tokens(cache),
-                         "measured bytes": measured_cache_bytes(cache),
+                         "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
                          "formula bytes": kv_cache_bytes(t + 1, model, kept)})
     table = pd.DataFrame(rows).set_index("tokens seen")
     table["equal"] = table["measured bytes"] == table["formula bytes"]
@@ -1820,29 +1993,67 @@ from typing import Sequence
 import torch.utils._python_dispatch
 
 
+# ── saved from notebooks/07_state_space_hybrids.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+
+def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another, from h_0 = 0.
+
+    a holds the share each step keeps, b what each step adds; returns h after every step."""
+    tx.check_steps(a, b)
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
+        h = a[..., t] * h + b[..., t]      # keep a share of what is held, add what is new
+        out.append(h)
+    return torch.stack(out, dim=-1)
+
+
+def combine(first: tuple, then: tuple) -> tuple:
+    """Two steps h ↦ a·h + b joined into one: `first` = (a₁, b₁), then `then` = (a₂, b₂)."""
+    a1, b1 = first
+    a2, b2 = then
+    return a1 * a2, a2 * b1 + b2     # a₂(a₁h + b₁) + b₂ = (a₁a₂)·h + (a₂b₁ + b₂)
+
+
+def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The h_t of scan_loop in ⌈log₂ n⌉ rounds: after round r, position t holds the last 2^r steps
+    up to t joined into one (Hillis and Steele's scan). No position waits for its neighbour."""
+    tx.check_steps(a, b)
+    shift = 1
+    while shift < b.shape[-1]:
+        earlier = (F.pad(a[..., :-shift], (shift, 0), value=1.0),   # the steps `shift` places back;
+                   F.pad(b[..., :-shift], (shift, 0), value=0.0))   # before the start, h ↦ h
+        a, b = combine(earlier, (a, b))                             # every position at once
+        shift *= 2
+    return b                          # h_0 = 0, so the joined step gives h_t = its b
+
+# ── end of the cells saved from notebooks/07_state_space_hybrids.md ──
+
+
+def check_steps(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The rates a and inputs b of a scan: tensors of one shape, steps along the last dimension."""
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape
+            or a.dim() < 1 or a.shape[-1] < 1):
+        raise ValueError(f"a and b must be tensors of one shape with a last dimension ≥ 1, got "
+                         f"{getattr(a, 'shape', a)!r} and {getattr(b, 'shape', b)!r}")
+
+
 def running_summary(inputs: Sequence[float], keep: float | Sequence[float]) -> list[float]:
-    """A one-number running summary s_t = keep_t · s_(t-1) + x_t; returns s after every step.
+    """A one-number running summary s_t = keep_t · s_(t-1) + x_t on plain numbers: scan_loop.
 
     `keep` is one rate for every step, or one rate per step (a rate the content chooses).
     """
     rates = [keep] * len(inputs) if isinstance(keep, numbers.Real) else list(keep)
     if len(rates) != len(inputs):
         raise ValueError(f"keep must be one number or one per input, got {len(rates)} for {len(inputs)}")
-    if any(not 0 <= rate <= 1 for rate in rates):
-        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
-    summary, history = 0.0, []
-    for x, rate in zip(inputs, rates):
-        summary = rate * summary + x      # shrink what is held, then add what the token brings
-        history.append(summary)
-    return history
+    check_rate(**{f"keep[{i}]": rate for i, rate in enumerate(rates)})
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)   # noqa: E731
+    return scan_loop(as_tensor(rates), as_tensor(inputs)).tolist()
 
 
 def weight_left(keep: float, steps: int) -> float:
     """What is left of a value after `steps` shrinkings by `keep`: keep ** steps (Method 1)."""
-    if not 0 <= keep <= 1:
-        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
+    check_rate(keep=keep)
+    check_nonnegative(steps=steps)
     return keep ** steps
 
 
@@ -1854,25 +2065,55 @@ def weight_of_first(keep: float | Sequence[float], n: int) -> float:
 
 def content_rates(kinds: Sequence[str], keep: float = 0.9, hold: float = 0.999) -> list[float]:
     """The rate each token chooses from its content: `hold` while filler passes, `keep` otherwise."""
-    if not (0 <= keep <= 1 and 0 <= hold <= 1):
-        raise ValueError(f"keep and hold must lie between 0 and 1, got {keep!r} and {hold!r}")
+    check_rate(keep=keep, hold=hold)
     return [hold if kind == "filler" else keep for kind in kinds]
 
 
-def decode_work_attention(n: int, model: ExampleModel = ExampleModel()) -> int:
-    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
-    check_positive(n=n)
-    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
-    mix = n * model.width        # the weighted sum of n value vectors of width numbers
-    return 2 * (scores + mix) * model.layers
-
-
-def decode_work_state_space(model: ExampleModel = ExampleModel()) -> int:
+def decode_state_space_flops(model: ExampleModel = ExampleModel()) -> int:
     """FLOPs a state-space layer spends on one new token, all layers: the same at every length."""
     numbers_held = model.width * model.state_per_channel   # state numbers of one layer
     update = numbers_held        # s ← a ⊙ s + u: one multiply-add a state number
     readout = numbers_held       # y = Σ c ⊙ s: one multiply-add a state number
     return 2 * (update + readout) * model.layers
+
+
+def mamba_mixer_weights(width: int, expand: int = 2, state: int = 16, conv: int = 4,
+                        dt_rank: int | None = None) -> int:
+    """Weights of one Mamba mixer as transformers builds it (Gu and Dao 2023), for model width d and
+    inner width E·d: the input projection d → 2·E·d (the path and its gate), a short convolution,
+    the projections that make Δ, B and C from the token, A and D, and the output projection."""
+    check_positive(width=width, expand=expand, state=state, conv=conv)
+    inner = expand * width
+    rank = math.ceil(width / 16) if dt_rank is None else dt_rank   # Δ's low rank ("auto" in transformers)
+    return (width * 2 * inner                # in_proj: d → 2·E·d
+            + inner * conv + inner           # conv1d, one window per inner channel, and its bias
+            + inner * (rank + 2 * state)     # x_proj: Δ's rank numbers, B and C
+            + rank * inner + inner           # dt_proj: rank → E·d, and its bias
+            + inner * state + inner          # A (stored as A_log) and D
+            + inner * width)                 # out_proj: E·d → d
+
+
+def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = ExampleModel(),
+                     expand: int = 2, conv: int = 4) -> pd.DataFrame:
+    """FLOPs for one more token with every weight counted (2 a weight a token meets): one attention
+    layer with its four projections against one Mamba mixer with its own, and the example model
+    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept)."""
+    d, layers = model.width, model.layers
+    projections = 4 * d * d                                              # W_Q, W_K, W_V, W_O
+    mixer = mamba_mixer_weights(d, expand, model.state_per_channel, conv)
+    scan = 4 * expand * d * model.state_per_channel                     # update and read-out, 2 FLOPs each
+    rows = {}
+    for n in ns:
+        attention_layer = 2 * projections + decode_attention_flops(n, model) // layers
+        mixer_layer = 2 * mixer + scan
+        rows[n] = {"attention layer": attention_layer, "Mamba mixer": mixer_layer,
+                   "layer ratio": attention_layer / mixer_layer,
+                   "attention model": 2 * model.parameters + decode_attention_flops(n, model),
+                   "state-space model": 2 * (model.parameters + layers * (mixer - projections)) + layers * scan}
+        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["state-space model"]
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "tokens"
+    return table
 
 
 def state_space_step(state: torch.Tensor, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor):
@@ -1940,58 +2181,32 @@ def memory_table(n: int = 32_768, model: ExampleModel = ExampleModel(), window: 
     return table
 
 
-def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another (h_0 = 0)."""
-    _check_scan_inputs(a, b)
-    h, out = torch.zeros_like(b[..., 0]), []
-    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, dim=-1)
-
-
 def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The same h_t with two prefix sums in log space (Heinsen 2023): no step waits for another.
 
     h_t = P_t · Σ_(k≤t) b_k / P_k with P_t = a_1 ⋯ a_t. In logs: log h_t = log P_t +
     logcumsumexp(log b_k − log P_k). A complex logarithm carries the sign of a negative b.
     """
-    _check_scan_inputs(a, b)
+    check_steps(a, b)
+    check_log_rates(a)
     log_p = torch.cumsum(torch.log(a), dim=-1)                           # log P_t, a prefix sum
     log_b = torch.log(b.to(torch.complex128 if b.dtype == torch.float64 else torch.complex64))
     log_h = log_p + torch.logcumsumexp(log_b - log_p, dim=-1)            # the second prefix sum
     return torch.exp(log_h).real.to(b.dtype)
 
 
-def _combine(left, right):
-    """Two steps h ↦ a h + b composed: first `left`, then `right`."""
-    a1, b1 = left
-    a2, b2 = right
-    return a1 * a2, a2 * b1 + b2
-
-
-def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same h_t with PyTorch's associative scan: steps composed pairwise, in log₂ n rounds."""
-    from torch._higher_order_ops import associative_scan
-
-    _check_scan_inputs(a, b)
-    return associative_scan(_combine, (a, b), dim=a.dim() - 1, combine_mode="generic")[1]
-
-
 def scan_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The same formula without logs: P_t = exp(cumsum(log a)) underflows, so b / P_t overflows."""
-    _check_scan_inputs(a, b)
+    check_steps(a, b)
+    check_log_rates(a)
     p = torch.exp(torch.cumsum(torch.log(a), dim=-1))   # a_1 ⋯ a_t: shrinks towards 0
     return p * torch.cumsum(b / p, dim=-1)              # b / P_t: grows without bound
 
 
-def _check_scan_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
-    """a and b of one shape, rates a in (0, 1]."""
-    if a.shape != b.shape or a.dim() < 1 or a.shape[-1] < 1:
-        raise ValueError(f"a and b must have one shape with a last dimension ≥ 1, got "
-                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+def check_log_rates(a: torch.Tensor) -> None:
+    """Rates that a formula in logarithms can take: every a in (0, 1]."""
     if not bool(((a > 0) & (a <= 1)).all()):
-        raise ValueError("a must lie in (0, 1]: a rate of forgetting")
+        raise ValueError("a must lie in (0, 1] for a formula in logarithms: a rate of forgetting")
 
 
 def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
@@ -2082,18 +2297,6 @@ def prompt_cache(model, n: int, seed: int = 0):
         return model_cache(model(ids, use_cache=True))
 
 
-def cache_layer_bytes(cache) -> list[tuple[str, int]]:
-    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors."""
-    rows = []
-    for layer in cache.layers:
-        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
-            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
-            rows.append(("mamba", tensor_bytes(held)))
-        else:                                        # an attention layer: every key and value
-            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
-    return rows
-
-
 def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
     """Bytes of one Mamba layer's cache from its config: a window and a state per inner channel."""
     check_positive(batch=batch, element_size=element_size)
@@ -2106,10 +2309,14 @@ def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
 
 
 def attention_layer_formula(config, n: int, batch: int = 1, element_size: int = 4) -> int:
-    """Bytes of one attention layer's cache after n tokens: a key and a value per token per kv head."""
+    """Bytes of one attention layer's cache after n tokens, from a transformers config: Part 6's
+    kv_cache_bytes for one layer of the config's shape."""
     check_positive(n=n, batch=batch, element_size=element_size)
-    head_size = config.hidden_size // config.num_attention_heads
-    return 2 * batch * config.num_key_value_heads * n * head_size * element_size
+    heads = config.num_attention_heads
+    one_layer = ExampleModel(layers=1, width=config.hidden_size, heads=heads,
+                             head_size=config.hidden_size // heads, bytes_per_number=element_size,
+                             vocabulary=config.vocab_size, kv_heads=config.num_key_value_heads)
+    return batch * kv_cache_bytes(n, one_layer)
 
 
 def real_cache_table(model, ns: Iterable[int] = (16, 64, 256), seed: int = 0) -> pd.DataFrame:
