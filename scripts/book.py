@@ -259,7 +259,7 @@ def saved_block(md: Path) -> str | None:
 
 def module_blocks(text: str) -> dict[str, str]:
     """Every saved block in the module's text, by notebook stem."""
-    pattern = re.compile(r"^# ── saved from notebooks/(?P<page>[\w-]+)\.md .*?^# ── end of the cells "
+    pattern = re.compile(r"^# ── saved from notebooks/(?P<page>[\w-]+)\.md\b.*?^# ── end of the cells "
                          r"saved from notebooks/(?P=page)\.md ──$", re.S | re.M)
     return {m["page"]: m[0] for m in pattern.finditer(text)}
 
@@ -287,7 +287,8 @@ def check_saved(module: Path = MODULE) -> None:
     the later parts import must never silently disagree."""
     text = module.read_text(encoding="utf-8")
     blocks = module_blocks(text)
-    problems = []
+    problems = [f"{rel(module)} holds {count} blocks for notebooks/{page}.md: keep one"
+                for page in blocks if (count := text.count(f"# ── saved from notebooks/{page}.md")) > 1]
     for md in notebook_sources():
         want, have = saved_block(md), blocks.pop(md.stem, None)
         if want == have:

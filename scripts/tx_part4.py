@@ -801,7 +801,7 @@ def time_slots(positions: int, parallel: bool) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/03_paths.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/03_paths.md by `make sync` (cells marked #@save): edit them there ──
 
 def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     """The link table of one layer: links[i, j] is True if output i reads input j directly.
@@ -1269,7 +1269,7 @@ def check_window(**windows: int) -> None:
             raise ValueError(f"{name} must be odd (the query and {name} // 2 keys on each side), got {r}")
 
 
-# ── saved from notebooks/05_restricted_attention.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/05_restricted_attention.md by `make sync` (cells marked #@save): edit them there ──
 
 def window_mask(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2 (Table 1's neighbourhood r)."""
@@ -1504,7 +1504,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-# ── saved from notebooks/06_kv_cache.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/06_kv_cache.md by `make sync` (cells marked #@save): edit them there ──
 
 def kv_bytes_per_token(model: tx.ExampleModel = tx.ExampleModel()) -> int:
     """Bytes the cache keeps for one token: a key and a value per layer and per key-value head."""
@@ -1993,7 +1993,7 @@ from typing import Sequence
 import torch.utils._python_dispatch
 
 
-# ── saved from notebooks/07_state_space_hybrids.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/07_state_space_hybrids.md by `make sync` (cells marked #@save): edit them there ──
 
 def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another, from h_0 = 0.
@@ -2355,158 +2355,6 @@ def _jamba_cache_table() -> pd.DataFrame:
     """The Jamba cache table of the notebook, for the command line."""
     return real_cache_table(tiny_jamba())
 
-# ── saved from notebooks/03_paths.md by `make sync` (cells marked #@save): edit them there ──
-
-def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
-    """The link table of one layer: links[i, j] is True if output i reads input j directly.
-
-    Output i reads input i + o for each offset o (inputs outside 0 … n-1 do not exist).
-    A one-sided kernel of width 3 has offsets (0, -1, -2); dilated by 3, (0, -3, -6);
-    attention restricted to r = 5 centred positions has offsets -2 … 2.
-    """
-    tx.check_positive(n=n)
-    offsets = [int(o) for o in offsets]
-    if not offsets:
-        raise ValueError("offsets must name at least one offset, got none")
-    i = torch.arange(n).unsqueeze(1)               # output positions, one per row
-    j = torch.arange(n).unsqueeze(0)               # input positions, one per column
-    return torch.isin(j - i, torch.tensor(offsets))
-
-
-def follow(seen: torch.Tensor, offsets: Iterable[int]) -> torch.Tensor:
-    """One layer of the boolean product: output i is reached if an input i + o it reads was.
-
-    Equal to (window_links(n, offsets) @ seen) > 0, without building the n × n table."""
-    n = seen.shape[0]
-    reached = torch.zeros_like(seen)
-    for o in offsets:                               # output i reads input i + o
-        lo, hi = max(0, -o), min(n, n - o)          # the outputs whose input i + o exists
-        if lo < hi:
-            reached[lo:hi] |= seen[lo + o:hi + o]   # True·True = True; a sum is True if any term is
-    return reached
-
-
-def layers_to_connect(n: int, layer_offsets: Callable[[int], Iterable[int]],
-                      max_layers: int | None = None) -> int | None:
-    """How many layers (offsets of layer L: layer_offsets(L)) until output n depends on input 1.
-
-    Returns None if `max_layers` (default 10 n) do not connect."""
-    tx.check_positive(n=n)
-    max_layers = 10 * n if max_layers is None else max_layers
-    tx.check_positive(max_layers=max_layers)
-    seen = torch.zeros(n, dtype=torch.bool)
-    seen[0] = True                                  # before any layer, input 1 reaches position 1
-    for L in range(1, max_layers + 1):
-        seen = follow(seen, layer_offsets(L))       # one more layer of the stack
-        if seen[n - 1]:                             # output n now depends on input 1
-            return L
-    return None
-
-
-def reach(layers: int, k: int = 3, doubling: bool = False) -> int:
-    """Positions that L stacked one-sided kernels of width k reach: 1 + (k-1)·(sum of dilations).
-
-    Contiguous taps have dilations 1, 1, …, 1; doubling gaps 1, 2, 4, …, 2^(L-1).
-    A causal attention window of w keys is a kernel of width k = w."""
-    tx.check_positive(layers=layers, k=k)
-    dilation_sum = 2 ** layers - 1 if doubling else layers      # 1 + 2 + … + 2^(L-1), or L ones
-    return 1 + (k - 1) * dilation_sum
-
-
-def reach_after(dilations: Iterable[int], k: int = 3) -> list[int]:
-    """Positions that input 1 reaches after each layer of a stack (as many as the last output
-    reads), followed with `follow`: kernels of width k, one dilation per layer."""
-    dilations = [int(dl) for dl in dilations]
-    tx.check_positive(k=k, **{f"dilation {i + 1}": dl for i, dl in enumerate(dilations)})
-    seen = torch.zeros(1 + (k - 1) * sum(dilations), dtype=torch.bool)   # room for the whole reach
-    seen[0] = True                                                       # input 1
-    counts = []
-    for dl in dilations:
-        seen = follow(seen, [-tap * dl for tap in range(k)])   # output i reads i, i - dl, i - 2 dl, …
-        counts.append(int(seen.sum()))
-    return counts
-
-
-def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False,
-               causal: bool = False) -> float:
-    """Shuffle the rows of x: do the outputs of one self-attention layer shuffle the same way?
-
-    Returns max |layer(x[perm]) - layer(x)[perm]|: rounding only, when attention cannot see
-    order. With `positions`, the Transformer's position vectors are added to x first; with
-    `causal`, query i reads only keys 0 … i, as in a decoder."""
-    tx.check_positive(n=n, d=d)
-    Wq, Wk, Wv = tx.random_weights(3, d, seed)                  # one layer with random weights
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(n, d, generator=g)                           # n rows of d numbers
-    perm = torch.randperm(n, generator=g)                        # a shuffle of the rows
-    add = tx.sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # slot i: position i
-    mask = tx.causal_mask(n) if causal else None                 # slot i reads slots 0 … i
-
-    def attend(h):                                               # the layer: projections, then the core
-        return tx.attention_core(h @ Wq, h @ Wk, h @ Wv, mask)
-
-    return (attend(x[perm] + add) - attend(x + add)[perm]).abs().max().item()   # shuffle first, or last
-
-# ── end of the cells saved from notebooks/03_paths.md ──
-
-
-# ── saved from notebooks/05_restricted_attention.md by `make sync` (cells marked #@save): edit them there ──
-
-def window_mask(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2 (Table 1's neighbourhood r)."""
-    tx.check_positive(n=n)
-    tx.check_window(r=r)
-    row = torch.arange(n, device=device)[:, None]            # query positions, one per row
-    col = torch.arange(n, device=device)[None, :]            # key positions, one per column
-    return (col >= row - r // 2) & (col <= row + r // 2)     # r // 2 keys on each side, and itself
-
-
-def band_slots(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """(n, r) key positions: row i holds the keys i − r//2 … i + r//2 of its window; −1 is padding."""
-    tx.check_positive(n=n)
-    tx.check_window(r=r)
-    row = torch.arange(n, device=device)[:, None]            # one row per query
-    slot = torch.arange(r, device=device)[None, :]           # one slot per key of its window
-    slots = row + slot - r // 2                              # slot s of row i: key i + s − r//2
-    return slots.masked_fill((slots < 0) | (slots >= n), -1)   # before the start or after the end
-
-
-def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
-    """The same result as attention_core with window_mask(n, r), computing only n × r scores."""
-    tx.check_qkv(q, k, v)
-    if q.dim() != 2 or k.shape != q.shape:
-        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    tx.check_window(r=r)
-    n, d = q.shape
-    half = r // 2
-    k_win = F.pad(k, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): row i holds keys i − half … i + half
-    v_win = F.pad(v, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): and their values (zero rows = padding)
-    scores = (q[:, None, :] @ k_win)[:, 0, :] / math.sqrt(d)  # (n, r): r dot products per query
-    scores = scores.masked_fill(band_slots(n, r, q.device) < 0, float("-inf"))   # padding: weight 0
-    weights = torch.softmax(scores, dim=-1)                   # (n, r)
-    return (v_win @ weights[:, :, None])[:, :, 0]             # (n, d): each query mixes its r values
-
-
-def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
-    """The same result as banded_attention, as real kernels compute it: blocks of r queries,
-    each against the 2r − 1 keys its block can reach, in dense matrix products."""
-    tx.check_qkv(q, k, v)
-    tx.check_window(r=r)
-    (n, d), half, blocks = q.shape, r // 2, -(-q.shape[0] // r)   # ⌈n / r⌉ blocks of r queries
-    pad = blocks * r - n                                          # queries past the end (dropped)
-    q_blk = F.pad(q, (0, 0, 0, pad)).view(blocks, r, d)           # (blocks, r, d)
-    k_span = F.pad(k, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # (blocks, d, 2r − 1)
-    v_span = F.pad(v, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # their values
-    slot, row = torch.arange(2 * r - 1, device=q.device), torch.arange(r, device=q.device)[:, None]
-    inside = (slot - half - row).abs() <= half                   # (r, 2r − 1): query's own window
-    key = torch.arange(blocks, device=q.device)[:, None, None] * r - half + slot   # key of each slot
-    allowed = inside & (key >= 0) & (key < n)                    # and the key exists
-    scores = (q_blk @ k_span / math.sqrt(d)).masked_fill(~allowed, float("-inf"))  # (blocks, r, 2r − 1)
-    mixed = torch.softmax(scores, dim=-1) @ v_span.transpose(1, 2)                # (blocks, r, d)
-    return mixed.reshape(blocks * r, d)[:n]
-
-# ── end of the cells saved from notebooks/05_restricted_attention.md ──
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
