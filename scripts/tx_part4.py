@@ -2473,10 +2473,12 @@ def model_cli(argv: list[str]) -> dict:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     try:
-        check_positive(bytes=args.bytes, **{f"tokens[{i}]": n for i, n in enumerate(args.tokens)})
+        check_positive(**{"--bytes": args.bytes}, **{f"--tokens[{i}]": n for i, n in enumerate(args.tokens)})
+        check_positive_number(**{f"--memory-gib[{i}]": g for i, g in enumerate(args.memory_gib)},
+                              **{"--tb-per-second": args.tb_per_second})
         accelerator = Accelerator(tuple(args.memory_gib), args.tb_per_second * 1e12)
         if args.bytes not in DTYPES:
-            raise ValueError(f"bytes must be one of {sorted(DTYPES)}, got {args.bytes}")
+            raise ValueError(f"--bytes must be one of {sorted(DTYPES)}, got {args.bytes}")
         config = read_config(args.config)
     except ValueError as error:
         parser.error(str(error))
