@@ -2455,6 +2455,16 @@ def costs_table(costs: dict[str, dict], accelerator: Accelerator = Accelerator()
     return table
 
 
+def costs_text(costs: dict[str, dict], accelerator: Accelerator = Accelerator()) -> str:
+    """`costs_table` as plain text, one column a model: whole numbers with commas, others to 2 decimals."""
+    def cell(value) -> str:
+        if isinstance(value, numbers.Integral):
+            return f"{value:,}"
+        return f"{value:,.2f}" if isinstance(value, numbers.Real) else str(value)
+
+    return costs_table(costs, accelerator).map(cell).T.to_string()
+
+
 def model_cli(argv: list[str]) -> dict:
     """`python scripts/tx_part4.py model PATH/config.json …`: Part 8's costs for one config.json."""
     import argparse
@@ -2502,9 +2512,8 @@ def _print_model(result: dict) -> None:
         window = f", window {layer['window']:,}" if layer["window"] else ""
         print(f"  {layer['layers']} {layer['kind']} layer(s){window}: {layer['bytes_per_token']:,} B a token, "
               f"{layer['state_bytes']:,} B of fixed state each")
-    table = costs_table({Path(result["config"]).stem: result},
-                        Accelerator(tuple(result["memory_gib"]), result["bytes_per_second"]))
-    print(table.T.to_string())
+    print(costs_text({Path(result["config"]).stem: result},
+                     Accelerator(tuple(result["memory_gib"]), result["bytes_per_second"])))
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
