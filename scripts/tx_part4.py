@@ -2358,6 +2358,447 @@ def _jamba_cache_table() -> pd.DataFrame:
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 8 · 08_your_model: every cost of the book for a real model's config.json
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+
+# ── saved from notebooks/08_your_model.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+
+def layer_window(config: dict, i: int) -> int | None:
+    """The window of attention layer i, in tokens, or None when it sees every earlier token."""
+    window = config.get("sliding_window")
+    if window is None:
+        return None                                   # no window named: every layer sees everything
+    if isinstance(config.get("layer_types"), list):   # a config that names each layer's kind wins
+        return window if config["layer_types"][i] == "sliding_attention" else None
+    if config["model_type"] == "gemma2":              # Gemma 2: a window on layers 0, 2, 4, …
+        return window if i % 2 == 0 else None
+    if config["model_type"] in ("qwen2", "qwen3"):    # Qwen: only with the flag on, from max_window_layers up
+        on = config.get("use_sliding_window", False) and i >= config.get("max_window_layers", 0)
+        return window if on else None
+    return window                                     # Mistral: a window on every layer
+
+
+def layer_kinds(config: dict) -> list[tuple[str, int | None]]:
+    """(kind, window) of every layer: "attention", "latent" (DeepSeek's MLA) or "mamba"."""
+    layers = range(config["num_hidden_layers"])
+    if config["model_type"] == "mamba":               # a state-space model: every layer keeps a state
+        return [("mamba", None) for _ in layers]
+    if config["model_type"] == "jamba":               # attention in one layer of every period, Mamba elsewhere
+        period, offset = config["attn_layer_period"], config["attn_layer_offset"]
+        return [("attention", None) if i % period == offset else ("mamba", None) for i in layers]
+    if config["model_type"] == "deepseek_v2":         # every layer caches one compressed latent
+        return [("latent", None) for _ in layers]
+    return [("attention", layer_window(config, i)) for i in layers]
+
+
+def head_size(config: dict) -> int:
+    """Numbers in one head's key: the config's head_dim when it sets one, else width ÷ heads."""
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
+def token_bytes(config: dict, kind: str, bytes_per_number: int = 2) -> int:
+    """Bytes one layer of this kind adds to the cache for each token."""
+    if kind == "mamba":
+        return 0                                                 # a state-space layer keeps no token
+    if kind == "latent":                                         # MLA: one latent and one rotary key,
+        return (config["kv_lora_rank"]                           #   shared by every head,
+                + config["qk_rope_head_dim"]) * bytes_per_number  #   counted once
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return (2                                                    # a key and a value
+            * kv_heads                                           # for each head that keeps its own
+            * head_size(config)                                  # of head_dim numbers
+            * bytes_per_number)                                  # of this many bytes
+
+
+#: Bytes of each number of a Mamba layer's recurrent state: transformers keeps it in float32.
+STATE_NUMBER_BYTES = 4
+
+
+def state_bytes(config: dict, kind: str, bytes_per_number: int = 2) -> int:
+    """Bytes a layer keeps whatever the length: a Mamba layer's convolution window and state."""
+    if kind != "mamba":
+        return 0                                                 # attention keeps tokens, not a state
+    names = {"mamba": ("expand", "conv_kernel", "state_size"),   # Jamba names the same sizes mamba_*
+             "jamba": ("mamba_expand", "mamba_d_conv", "mamba_d_state")}[config["model_type"]]
+    expand, window, state = (config[name] for name in names)
+    inner = expand * config["hidden_size"]                       # the layer's inner channels
+    return inner * (window * bytes_per_number                    # the convolution's last `window` inputs
+                    + state * STATE_NUMBER_BYTES)                # and `state` numbers, in float32
+
+
+def cache_bytes(config: dict, tokens: int, bytes_per_number: int = 2) -> int:
+    """Bytes of one conversation's cache after `tokens` tokens, summed over the layers."""
+    tx.check_nonnegative(tokens=tokens)
+    total = 0
+    for kind, window in layer_kinds(config):
+        kept = tokens if window is None else min(tokens, window - 1)   # a window keeps its last tokens
+        total += kept * token_bytes(config, kind, bytes_per_number)    # keys and values, or the latent
+        total += state_bytes(config, kind, bytes_per_number)           # a Mamba layer's fixed state
+    return total
+
+
+def max_tokens(config: dict, free_bytes: int, bytes_per_number: int = 2, limit: int = 2 ** 40) -> int | None:
+    """The longest conversation whose cache fits in `free_bytes`; None if it never outgrows them."""
+    if cache_bytes(config, limit, bytes_per_number) <= free_bytes:
+        return None                                       # windows and states: the cache stops growing
+    low, high = 0, limit                                  # the cache grows with the tokens: bisect
+    while high - low > 1:
+        mid = (low + high) // 2
+        fits = cache_bytes(config, mid, bytes_per_number) <= free_bytes
+        low, high = (mid, high) if fits else (low, mid)
+    return low
+
+
+def count_model_pairs(config: dict, n: int) -> float:
+    """Multiply-adds on pairs of positions in one causal pass over n tokens, every layer."""
+    total = 0.0
+    for kind, window in layer_kinds(config):
+        if kind == "mamba":
+            continue                                              # a state-space layer has no pairs
+        w = window or n
+        pairs = n * n / 2 if n <= w else n * w - w * w / 2        # causal pairs, or a band of w
+        latent = kind == "latent"
+        key = config["qk_nope_head_dim"] + config["qk_rope_head_dim"] if latent else head_size(config)
+        value = config["v_head_dim"] if latent else head_size(config)
+        total += pairs * config["num_attention_heads"] * (key + value)   # a score and a mix, every head
+    return total
+
+
+def crossing_tokens(config: dict, weights_per_token: int, limit: int = 2 ** 40) -> int | None:
+    """The fewest tokens at which the pairs cost as much as the weights; None if they never do."""
+    overtaken = lambda n: count_model_pairs(config, n) >= n * weights_per_token  # noqa: E731
+    if not overtaken(limit):
+        return None
+    low, high = 0, limit                                          # pairs per token only grow: bisect
+    while high - low > 1:
+        low, high = (low, (low + high) // 2) if overtaken((low + high) // 2) else ((low + high) // 2, high)
+    return high
+
+# ── end of the cells saved from notebooks/08_your_model.md ──
+
+
+#: The architecture fields of real published config.json files, shipped with the package.
+CONFIG_DIR = Path(__file__).resolve().parent / "tx_model_configs"
+
+#: The model types Part 8 can price, and the fields each needs beyond `num_hidden_layers`.
+MODEL_FIELDS = {
+    "llama": ("hidden_size", "num_attention_heads"),
+    "mistral": ("hidden_size", "num_attention_heads"),
+    "qwen2": ("hidden_size", "num_attention_heads"),
+    "qwen3": ("hidden_size", "num_attention_heads"),
+    "gemma2": ("hidden_size", "num_attention_heads"),
+    "deepseek_v2": ("hidden_size", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
+                    "qk_nope_head_dim", "v_head_dim"),
+    "mamba": ("hidden_size", "state_size", "conv_kernel", "expand"),
+    "jamba": ("hidden_size", "num_attention_heads", "attn_layer_period", "attn_layer_offset",
+              "mamba_d_state", "mamba_d_conv", "mamba_expand"),
+}
+
+
+def shipped_configs() -> dict[str, dict]:
+    """The shipped configs by name (file stem): Llama-2-7B … Jamba-v0.1, each with its `_source`."""
+    return {path.stem: read_config(path) for path in sorted(CONFIG_DIR.glob("*.json"))}
+
+
+def read_config(source) -> dict:
+    """A Hugging Face config as a plain dict, checked: a config.json path, a dict, or a config object.
+
+    Raises ValueError naming a missing file, malformed JSON, a missing field, an unsupported
+    model_type or a size that is not a positive whole number."""
+    import json
+
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"config: no such file: {path}")
+        try:
+            source = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"config: {path} is not valid JSON ({error})") from None
+    elif hasattr(source, "to_dict"):
+        source = source.to_dict()             # a transformers config object
+    if not isinstance(source, dict):
+        raise ValueError(f"config must be a config.json path, a dict or a config object, got "
+                         f"{type(source).__name__}")
+    config = dict(source)
+    check_config(config)
+    return config
+
+
+def check_config(config: dict) -> None:
+    """Raise ValueError naming the first field Part 8 needs and the config lacks or gets wrong."""
+    kind = config.get("model_type")
+    if kind not in MODEL_FIELDS:
+        raise ValueError(f"model_type {kind!r} is not supported; supported: {', '.join(MODEL_FIELDS)}")
+    for field in ("num_hidden_layers",) + MODEL_FIELDS[kind]:
+        if config.get(field) is None:
+            raise ValueError(f"config ({kind}): missing field {field!r}")
+    sizes = {f: config[f] for f in ("num_hidden_layers", "num_key_value_heads", "head_dim", "sliding_window",
+                                    "intermediate_size", "vocab_size") + MODEL_FIELDS[kind]
+             if config.get(f) is not None and f != "attn_layer_offset"}
+    check_positive(**sizes)
+    check_nonnegative(**{f: config[f] for f in ("attn_layer_offset", "max_window_layers") if f in config})
+    if kind == "jamba" and config["attn_layer_offset"] >= config["attn_layer_period"]:
+        raise ValueError(f"attn_layer_offset must be below attn_layer_period "
+                         f"({config['attn_layer_period']}), got {config['attn_layer_offset']}")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise ValueError(f"num_key_value_heads must divide num_attention_heads ({heads}), got {kv}")
+
+
+def transformers_config(config: dict, layers: int | None = None):
+    """The transformers config object for a checked config dict, optionally with fewer layers."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in config.items()
+              if not k.startswith("_") and k not in ("torch_dtype", "dtype", "architectures", "model_type",
+                                                       "transformers_version")}
+    if layers is not None:
+        check_positive(layers=layers)
+        fields["num_hidden_layers"] = layers
+        if isinstance(fields.get("layer_types"), list):          # keep the pattern of the first layers
+            fields["layer_types"] = fields["layer_types"][:layers]
+    with _quiet_transformers():
+        return AutoConfig.for_model(config["model_type"], **fields)
+
+
+def meta_model(config: dict, layers: int | None = None, bytes_per_number: int = 2):
+    """The real transformers model of a config, built on PyTorch's meta device: every tensor has its
+    real shape and dtype and no data, so building and running it costs no memory and no download."""
+    from transformers import AutoModelForCausalLM
+
+    if bytes_per_number not in DTYPES:
+        raise ValueError(f"bytes_per_number must be one of {sorted(DTYPES)}, got {bytes_per_number!r}")
+    with torch.device("meta"), _quiet_transformers():
+        return AutoModelForCausalLM.from_config(transformers_config(config, layers),
+                                                dtype=DTYPES[bytes_per_number]).eval()
+
+
+def layers_to_build(config: dict) -> int:
+    """The fewest first layers that hold every kind of layer of the config in its own order:
+    1 for a uniform stack, 2 for Gemma 2 (window, global) and DeepSeek (dense, then experts),
+    attn_layer_offset + 1 for Jamba. The cache of a layer depends only on its own shapes."""
+    kinds = [(kind, window) for kind, window in layer_kinds(config)]
+    needed = max(kinds.index(k) for k in set(kinds)) + 1
+    if config["model_type"] == "deepseek_v2":
+        needed = max(needed, min(config["num_hidden_layers"], config.get("first_k_dense_replace", 0) + 1))
+    return needed
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    """Every tensor a transformers 5 cache holds: keys and values of attention layers, the
+    convolution windows and recurrent states of Mamba layers."""
+    held = []
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            held.append(getattr(layer, name, None))
+        for name in ("conv_states", "recurrent_states"):
+            held.extend(getattr(layer, name, {}).values())
+    return [t for t in held if t is not None]
+
+
+def measure_cache(model, tokens: int) -> int:
+    """Bytes of the cache a model returns for a prompt of `tokens` tokens: numel × element_size
+    of every cache tensor (on the meta device the prompt is free: it has a shape and no data)."""
+    check_positive(tokens=tokens)
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, tokens), dtype=torch.long, device=device)
+    with torch.no_grad(), _quiet_transformers():
+        cache = model_cache(model(ids, use_cache=True))
+    return tensor_bytes(cache_tensors(cache))
+
+
+def cache_check_table(configs: dict[str, dict], lengths: Iterable[int] = (7, 33, 4100),
+                      state_lengths: Iterable[int] = (7, 33), bytes_per_number: int = 2) -> pd.DataFrame:
+    """For every config: build its first layers on the meta device (`layers_to_build`), run prompts,
+    and set the measured cache bytes beside the formula's `cache_bytes` for the same layers.
+
+    Models with Mamba layers run the shorter `state_lengths`: transformers' reference scan walks
+    the prompt token by token, even on the meta device."""
+    rows = []
+    for name, config in configs.items():
+        built = layers_to_build(config)
+        model = meta_model(config, built, bytes_per_number)
+        small = {**config, "num_hidden_layers": built}
+        if isinstance(config.get("layer_types"), list):
+            small["layer_types"] = config["layer_types"][:built]
+        has_state = any(kind == "mamba" for kind, _ in layer_kinds(config))
+        for n in (state_lengths if has_state else lengths):
+            rows.append({"prompt": f"{name}, {n:,} tokens", "model": name, "tokens": n, "layers built": built,
+                         "measured bytes": measure_cache(model, n),
+                         "formula bytes": cache_bytes(small, n, bytes_per_number)})
+    table = pd.DataFrame(rows)
+    table["equal"] = table["measured bytes"] == table["formula bytes"]
+    return table.set_index("prompt")
+
+
+def _is_routed_expert(name: str) -> bool:
+    """A parameter of a routed expert (read only when the router picks it), not a shared expert."""
+    return "experts" in name.split(".")
+
+
+def meta_weights(config: dict, bytes_per_number: int = 2) -> tuple[int, int]:
+    """(every weight, the weights one token reads) counted on the full model built on the meta device.
+
+    A mixture-of-experts layer runs num_experts_per_tok of its routed experts for a token: the
+    others are not read. Dense models read every weight."""
+    model = meta_model(config, None, bytes_per_number)
+    total = sum(p.numel() for p in model.parameters())
+    routed = sum(p.numel() for name, p in model.named_parameters() if _is_routed_expert(name))
+    experts = config.get("n_routed_experts") or config.get("num_experts") or 1
+    chosen = config.get("num_experts_per_tok") or experts
+    return total, total - routed + routed * chosen // experts
+
+
+def weights_per_token(config: dict, read: int) -> int:
+    """Multiply-adds with the weights for one token: every weight read, but the input embedding,
+    which is looked up, not multiplied (unless it is tied to the output layer)."""
+    tied = config.get("tie_word_embeddings", config["model_type"] in ("gemma2", "mamba"))
+    return read - (0 if tied else config.get("vocab_size", 0) * config["hidden_size"])
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A stated accelerator for Part 8: memory sizes to fill and a memory bandwidth."""
+    memories_gib: tuple[float, ...] = (24, 80)
+    bytes_per_second: float = 1e12       # 1 TB/s, the book's example accelerator
+
+    def __post_init__(self):
+        check_positive_number(bytes_per_second=self.bytes_per_second,
+                              **{f"memories_gib[{i}]": g for i, g in enumerate(self.memories_gib)})
+
+
+def model_costs(config: dict, weights: tuple[int, int], accelerator: Accelerator = Accelerator(),
+                tokens: Iterable[int] = (8192, 131072), bytes_per_number: int = 2,
+                decode_at: int = 8192) -> dict:
+    """Every cost of the book for one model: cache a token, fixed state, cache at each length,
+    longest conversation in each memory after the weights, decode time a token, crossing length."""
+    total, read = weights
+    kinds = layer_kinds(config)
+    costs = {
+        "kv_bytes_per_token": sum(token_bytes(config, k, bytes_per_number) for k, _ in kinds),
+        "state_bytes": sum(state_bytes(config, k, bytes_per_number) for k, _ in kinds),
+        "weights": total, "weights_read_per_token": read,
+        "weight_bytes": total * bytes_per_number,
+        "cache_bytes": {n: cache_bytes(config, n, bytes_per_number) for n in tokens},
+        "max_tokens": {}, "weights_fit": {},
+    }
+    for gib in accelerator.memories_gib:
+        free = int(gib * GIB) - costs["weight_bytes"]
+        costs["weights_fit"][gib] = free >= 0
+        costs["max_tokens"][gib] = max_tokens(config, free, bytes_per_number) if free >= 0 else 0
+    read_bytes = read * bytes_per_number + cache_bytes(config, decode_at, bytes_per_number)
+    costs["decode_at"] = decode_at
+    costs["decode_seconds"] = read_bytes / accelerator.bytes_per_second   # one conversation, bandwidth-bound
+    costs["crossing_tokens"] = crossing_tokens(config, weights_per_token(config, read))
+    costs["layers"] = [
+        {"kind": kind, "window": window, "layers": kinds.count((kind, window)),
+         "bytes_per_token": token_bytes(config, kind, bytes_per_number),
+         "state_bytes": state_bytes(config, kind, bytes_per_number)}
+        for kind, window in dict.fromkeys(kinds)]
+    return costs
+
+
+class _WholeOrWord:
+    """A display format for a column of whole numbers and words ("no limit"): commas for the numbers."""
+
+    @staticmethod
+    def format(value) -> str:
+        return f"{value:,}" if isinstance(value, numbers.Integral) else str(value)
+
+
+#: Pass as a column's format to `show_table` when the column mixes whole numbers and words.
+WHOLE_OR_WORD = _WholeOrWord()
+
+
+def key_name(name: str) -> str:
+    """A model's name as part of a glue key: letters, digits and underscores."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def costs_table(costs: dict[str, dict], accelerator: Accelerator = Accelerator()) -> pd.DataFrame:
+    """One row per model, side by side: bytes in KiB, MiB or GiB (2^10, 2^20, 2^30 bytes), as labelled."""
+    rows = {}
+    for name, c in costs.items():
+        row = {"KiB a token": c["kv_bytes_per_token"] / KIB, "state MiB": c["state_bytes"] / MIB}
+        for n, b in c["cache_bytes"].items():
+            row[f"GiB at {n:,}"] = b / GIB
+        row["weights (billions)"] = c["weights"] / 1e9
+        for gib in accelerator.memories_gib:
+            fit = c["max_tokens"][gib]
+            row[f"tokens in {gib:g} GiB"] = ("no room" if not c["weights_fit"][gib]
+                                             else "no limit" if fit is None else fit)
+        row[f"ms a token at {c['decode_at']:,}"] = 1e3 * c["decode_seconds"]
+        row["pairs overtake at"] = "never" if c["crossing_tokens"] is None else c["crossing_tokens"]
+        rows[name] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table
+
+
+def costs_text(costs: dict[str, dict], accelerator: Accelerator = Accelerator()) -> str:
+    """`costs_table` as plain text, one column a model: whole numbers with commas, others to 2 decimals."""
+    def cell(value) -> str:
+        if isinstance(value, numbers.Integral):
+            return f"{value:,}"
+        return f"{value:,.2f}" if isinstance(value, numbers.Real) else str(value)
+
+    return costs_table(costs, accelerator).map(cell).T.to_string()
+
+
+def model_cli(argv: list[str]) -> dict:
+    """`python scripts/tx_part4.py model PATH/config.json …`: Part 8's costs for one config.json."""
+    import argparse
+
+    default = Accelerator()
+    parser = argparse.ArgumentParser(prog="tx_part4.py model", description="Every cost of the book for a "
+                                     "model's config.json: cache a token, state, longest conversation, decode time")
+    parser.add_argument("config", help="a Hugging Face config.json")
+    parser.add_argument("--memory-gib", type=float, nargs="+", default=list(default.memories_gib),
+                        help="accelerator memory in GiB (default: 24 80)")
+    parser.add_argument("--tb-per-second", type=float, default=default.bytes_per_second / 1e12,
+                        help="memory bandwidth in TB/s (10^12 bytes a second; default 1)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 131072],
+                        help="conversation lengths to price (default: 8192 131072)")
+    parser.add_argument("--bytes", type=int, default=2, help="bytes a number (default 2: bfloat16)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        check_positive(**{"--bytes": args.bytes}, **{f"--tokens[{i}]": n for i, n in enumerate(args.tokens)})
+        check_positive_number(**{f"--memory-gib[{i}]": g for i, g in enumerate(args.memory_gib)},
+                              **{"--tb-per-second": args.tb_per_second})
+        accelerator = Accelerator(tuple(args.memory_gib), args.tb_per_second * 1e12)
+        if args.bytes not in DTYPES:
+            raise ValueError(f"--bytes must be one of {sorted(DTYPES)}, got {args.bytes}")
+        config = read_config(args.config)
+    except ValueError as error:
+        parser.error(str(error))
+    costs = model_costs(config, meta_weights(config, args.bytes), accelerator, args.tokens, args.bytes,
+                        decode_at=args.tokens[0])
+    return {"config": str(args.config), "source": config.get("_source"), "model_type": config["model_type"],
+            "bytes_per_number": args.bytes, "memory_gib": args.memory_gib, "bytes_per_second": args.tb_per_second * 1e12,
+            **costs, "json": args.json}
+
+
+def _print_model(result: dict) -> None:
+    """Print `model_cli`'s result: one JSON object, or a table and one line a kind of layer."""
+    import json
+
+    as_json = result.pop("json")
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+        return
+    print(f"\n== {result['config']} ({result['model_type']}, {result['bytes_per_number']} bytes a number)")
+    for layer in result["layers"]:
+        window = f", window {layer['window']:,}" if layer["window"] else ""
+        print(f"  {layer['layers']} {layer['kind']} layer(s){window}: {layer['bytes_per_token']:,} B a token, "
+              f"{layer['state_bytes']:,} B of fixed state each")
+    print(costs_text({Path(result["config"]).stem: result},
+                     Accelerator(tuple(result["memory_gib"]), result["bytes_per_second"])))
+
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
 # Command line: print every table of the book
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
@@ -2371,8 +2812,13 @@ def main(argv: list[str] | None = None) -> None:
     """Print every registered table of the book, plain text, in the order of the parts.
 
     `python scripts/tx_part4.py kv --layers 32 --heads 32 --kv-heads 8 --head-size 128 --bytes 2`
-    prints Part 6's cache table for another model (`kv --help` lists the options)."""
+    prints Part 6's cache table for another model (`kv --help` lists the options);
+    `python scripts/tx_part4.py model PATH/config.json [--json]` prints Part 8's costs for a real
+    model's config (`model --help` lists the options)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["model"]:
+        _print_model(model_cli(argv[1:]))
+        return
     pd.set_option("display.width", 140)
     pd.set_option("display.max_colwidth", 60)
     tables = kv_cli(argv[1:]) if argv[:1] == ["kv"] else ((title, make()) for title, make in TABLES)
