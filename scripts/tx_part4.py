@@ -2362,7 +2362,7 @@ def _jamba_cache_table() -> pd.DataFrame:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/08_your_model.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/08_your_model.md by `make sync` (cells marked #@save): edit them there ──
 
 def layer_window(config: dict, i: int) -> int | None:
     """The window of attention layer i, in tokens, or None when it sees every earlier token."""
