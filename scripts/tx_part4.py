@@ -407,16 +407,6 @@ def flops(fn: Callable, *args) -> int:
     return counter.get_total_flops()
 
 
-def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
-    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
-        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
-    h = xw.new_zeros(xw.shape[1])
-    for t in range(xw.shape[0]):       # h_t needs h_(t-1): the steps cannot run at the same time
-        h = torch.tanh(xw[t] + h @ U)
-    return h
-
-
 def measured_counts(n: int = 27, d: int = 512, k: int = 3, seed: int = 0) -> pd.DataFrame:
     """Method 1 (counted from the shapes) against Method 2 (FlopCounterMode / 2) for each layer."""
     check_positive(n=n, d=d, k=k)
@@ -556,39 +546,54 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def _node_depths(root) -> dict:
-    """The depth of every node of an autograd graph under `root`: 1 + the deepest parent.
+# ── saved from notebooks/02_sequential_steps.md: `make sync` writes this block from the cells marked #@save; edit them there ──
 
-    Iterative (no recursion limit, however long the chain) and remembered (a node that many
-    paths share is measured once: without the memo a lattice of shared nodes explodes).
-    """
-    depth: dict = {}
-    stack = [(root, False)]
+def node_depths(root) -> dict:
+    """The depth of every node of an autograd graph under `root`: 1 + the depth of its deepest parent."""
+    depth, stack = {}, [(root, False)]
     while stack:
         node, parents_done = stack.pop()
-        if node in depth:
+        if node in depth:                                   # measured already: shared by two paths
             continue
-        parents = [p for p, _ in node.next_functions if p is not None]
-        if parents_done:                          # every parent is measured: one link more
+        parents = [p for p, _ in node.next_functions if p is not None]   # the operations it used
+        if parents_done:                                    # every parent measured: one link more
             depth[node] = 1 + max((depth[p] for p in parents), default=0)
-        else:                                     # come back to this node after its parents
+        else:                                               # come back after the parents
             stack.append((node, True))
             stack.extend((p, False) for p in parents if p not in depth)
     return depth
 
 
 def graph_depth(t: torch.Tensor) -> int:
-    """The longest chain of operations in PyTorch's autograd graph, from `t` back to its leaves.
-
-    Operations on one chain must run one after another; operations on different chains may
-    run at the same time. A leaf that requires a gradient counts as one node (its
-    AccumulateGrad); a tensor that no operation made has depth 0.
-    """
+    """The longest chain of operations from `t` back to its leaves: the steps that must wait."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
-    if t.grad_fn is None:
+    if t.grad_fn is None:                                   # no operation made t
         return 0
-    return _node_depths(t.grad_fn)[t.grad_fn]
+    return node_depths(t.grad_fn)[t.grad_fn]
+
+
+def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
+                         Wv: torch.Tensor) -> torch.Tensor:
+    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
+    return tx.attention_core(x @ Wq, x @ Wk, x @ Wv)   # queries, keys, values: three large products
+
+
+def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
+    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
+        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
+    h = xw.new_zeros(xw.shape[1])            # the memory before the first position
+    for t in range(xw.shape[0]):             # step t needs h_(t-1): the steps cannot overlap
+        h = torch.tanh(xw[t] + h @ U)        # this position's input plus the memory, squashed
+    return h
+
+
+def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
+    return recurrent_chain(x @ W, U)         # one large product, then n small ones in a row
+
+# ── end of the cells saved from notebooks/02_sequential_steps.md ──
 
 
 def longest_chain(t: torch.Tensor) -> list[str]:
@@ -597,24 +602,13 @@ def longest_chain(t: torch.Tensor) -> list[str]:
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
     if t.grad_fn is None:
         return []
-    depth = _node_depths(t.grad_fn)
+    depth = node_depths(t.grad_fn)
     node, names = t.grad_fn, []
     while node is not None:
         names.append(type(node).__name__)
         parents = [p for p, _ in node.next_functions if p is not None]
         node = max(parents, key=depth.__getitem__, default=None)   # a deepest parent
     return names
-
-
-def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
-                         Wv: torch.Tensor) -> torch.Tensor:
-    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
-    return attention_core(x @ Wq, x @ Wk, x @ Wv)
-
-
-def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
-    return recurrent_chain(x @ W, U)
 
 
 def random_weights(count: int, d: int, seed: int = 0, requires_grad: bool = False,
@@ -1047,55 +1041,48 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def jacobian_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """|d fn(x) / d x_i| for every row i of x: the Frobenius norm of each block of the Jacobian.
+# ── saved from notebooks/04_gradients.md: `make sync` writes this block from the cells marked #@save; edit them there ──
 
-    fn maps x, (n, d), to one output vector. Each block (output numbers × the d numbers of
-    x_i) says how strongly the output moves when x_i moves. One backward pass gives every
-    block: fn runs on one copy of x per output number (vmap), and copy m keeps number m.
+def chain_gradient(keep: float, steps: int) -> float:
+    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns ∂h_last / ∂x_first."""
+    tx.check_rate(low_open=True, keep=keep)
+    tx.check_positive(steps=steps)
+    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)   # inputs x_0 … x_steps
+    h = tx.scan_loop(torch.full_like(x, keep), x)       # h_t = keep · h_(t-1) + x_t, in order
+    (grad,) = torch.autograd.grad(h[-1], x)             # how the last memory moves with each input
+    return grad[0].item()                               # … with the first one, `steps` steps back
+
+
+def jacobian_norms(fn, x: torch.Tensor) -> torch.Tensor:
+    """|∂ fn(x) / ∂x_i| for every position i of x, (n, d): how strongly the output feels each input.
+
+    fn maps x to one output vector. The Jacobian block of position i holds the derivative of every
+    output number by every number of x_i; its size is the Frobenius norm of that block.
     """
-    from torch.func import vmap
-
     if x.dim() != 2:
         raise ValueError(f"x must be an (n, d) tensor, got shape {tuple(x.shape)}")
-    outputs = fn(x).numel()
-    copies = x.detach().unsqueeze(0).repeat(outputs, 1, 1).requires_grad_(True)
-    picked = vmap(fn)(copies).diagonal().sum()               # copy m: its output number m only
-    (grad,) = torch.autograd.grad(picked, copies)            # row m of the Jacobian, in copy m
-    return grad.pow(2).sum(dim=(0, 2)).sqrt()                # one norm per input position
+    jacobian = torch.func.jacrev(fn)(x)              # (outputs, n, d): autograd, every output at once
+    return jacobian.pow(2).sum(dim=(0, 2)).sqrt()    # square, add over the outputs and x_i's numbers
+
+# ── end of the cells saved from notebooks/04_gradients.md ──
 
 
 def gradient_by_distance(n: int = 50, d: int = 64, seeds: int = 20) -> pd.DataFrame:
     """|d out_n / d x_i| for a tanh RNN and one self-attention layer, mean over random networks.
 
-    Network s draws its weights (scaled 1/√d) and its inputs from seed s. All networks are
-    differentiated at once: vmap runs one copy of every network per output number, and one
-    backward pass returns every row of every Jacobian. One thread: two runs give the same
-    numbers.
+    Network s draws its weights (scaled 1/√d) from seed s and its inputs from seed 10,000 + s;
+    `jacobian_norms` measures each. One thread: two runs give the same numbers.
     """
-    from torch.func import vmap
-
     check_positive(n=n, d=d, seeds=seeds)
-    weights, inputs = [], []
+    norms = {"RNN": torch.zeros(n, dtype=torch.float64),
+             "self-attention": torch.zeros(n, dtype=torch.float64)}
     for seed in range(seeds):
-        weights.append(torch.stack(random_weights(5, d, seed)))      # Wq, Wk, Wv, W, U
-        inputs.append(torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed)))
-    weights, inputs = torch.stack(weights), torch.stack(inputs)
-
-    def rnn_last(x, w):
-        return recurrent_layer(x, w[3], w[4])                        # h_n, the last output
-
-    def attention_last(x, w):
-        return self_attention_layer(x, w[0], w[1], w[2])[-1]         # output row n
-
-    keep = torch.eye(d).unsqueeze(1)                                 # copy m keeps output m
-    norms = {}
-    for name, fn in [("RNN", rnn_last), ("self-attention", attention_last)]:
-        copies = inputs.unsqueeze(0).repeat(d, 1, 1, 1).requires_grad_(True)   # (d, seeds, n, d)
-        out = vmap(vmap(fn), in_dims=(0, None))(copies, weights)              # (d, seeds, d)
-        (grad,) = torch.autograd.grad((out * keep).sum(), copies)
-        norms[name] = grad.pow(2).sum(dim=(0, 3)).sqrt().mean(dim=0)          # (n,)
-    table = pd.DataFrame({name: values.double().numpy() for name, values in norms.items()})
+        Wq, Wk, Wv, W, U = random_weights(5, d, seed)
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+        norms["RNN"] += jacobian_norms(lambda x: recurrent_layer(x, W, U), x).double() / seeds
+        norms["self-attention"] += jacobian_norms(
+            lambda x: self_attention_layer(x, Wq, Wk, Wv)[-1], x).double() / seeds   # output row n
+    table = pd.DataFrame({name: values.numpy() for name, values in norms.items()})
     table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
     table.insert(0, "input i", range(1, n + 1))
     return table.sort_index()
@@ -1126,35 +1113,10 @@ def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
     return ((dx * dy).sum() / dx.pow(2).sum()).item()       # covariance over variance
 
 
-def survival(keep: float, steps: int) -> float:
-    """What is left of a signal after `steps` steps that each keep a share `keep` of it."""
-    if not 0 < keep <= 1:
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
-    return keep ** steps                        # one factor `keep` per step
-
-
-def chain_gradient(keep: float, steps: int) -> float:
-    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns d h_last / d x_first.
-
-    `steps` steps separate the first input from the last memory.
-    """
-    if not 0 < keep <= 1:
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    check_positive(steps=steps)
-    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)
-    h = x[0]
-    for t in range(1, steps + 1):
-        h = keep * h + x[t]                      # one step keeps a share of what came in
-    (grad,) = torch.autograd.grad(h, x)
-    return grad[0].item()
-
-
 @cli_table("Part 4 · what a step that keeps 0.98 leaves of a signal: the power and autograd")
 def survival_table(keep: float = 0.98, steps: Iterable[int] = (1, 10, 100, 511, 1000)) -> pd.DataFrame:
     """keep ** steps against the gradient of a real chain of that many steps."""
-    rows = {s: {"keep ** steps": survival(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
+    rows = {s: {"keep ** steps": weight_left(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "steps"
     table["relative difference"] = (table["autograd"] / table["keep ** steps"] - 1).abs()

@@ -74,9 +74,9 @@ def test_orders_of_magnitude():
 
 
 @pytest.mark.parametrize("keep,steps", [(0.98, 100), (0.98, 511), (0.9, 17), (1.0, 40), (0.5, 1)])
-def test_survival_matches_autograd_and_logarithms(keep, steps):
-    assert math.isclose(tx.survival(keep, steps), tx.chain_gradient(keep, steps), rel_tol=1e-12)
-    assert math.isclose(tx.survival(keep, steps), math.exp(steps * math.log(keep)), rel_tol=1e-12)
+def test_weight_left_matches_autograd_and_logarithms(keep, steps):
+    assert math.isclose(tx.weight_left(keep, steps), tx.chain_gradient(keep, steps), rel_tol=1e-12)
+    assert math.isclose(tx.weight_left(keep, steps), math.exp(steps * math.log(keep)), rel_tol=1e-12)
 
 
 def test_survival_table_agrees():
@@ -107,12 +107,18 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="values"):
         tx.orders_of_magnitude([1.0, 0.0])
     with pytest.raises(ValueError, match="keep"):
-        tx.survival(0.0, 5)
+        tx.weight_left(1.5, 5)
     with pytest.raises(ValueError, match="steps"):
-        tx.survival(0.5, -1)
+        tx.weight_left(0.5, -1)
+    with pytest.raises(ValueError, match="keep"):
+        tx.chain_gradient(0.0, 5)
     with pytest.raises(ValueError, match="keep"):
         tx.chain_gradient(1.5, 5)
     with pytest.raises(ValueError, match="steps"):
         tx.chain_gradient(0.5, 0)
     with pytest.raises(ValueError, match="probes"):
         tx.encoder_gradients(None, None, "x", probes=0)
+
+
+def test_survival_is_gone_weight_left_is_the_one_name():
+    assert not hasattr(tx, "survival")
