@@ -593,6 +593,28 @@ def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.
     """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
     return recurrent_chain(x @ W, U)         # one large product, then n small ones in a row
 
+
+def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
+    """Time the same n·d² multiply-adds two ways: one product x U, and the n-step chain
+    h ← tanh(x_i + h U). Milliseconds (median), and their ratio."""
+    with torch.no_grad():
+        product = tx.time_call(torch.matmul, x, U)["median"]           # every position at once
+        chain = tx.time_call(recurrent_chain, x, U, min_runs=1, warmup=False)["median"]   # n in a row
+    return {"product ms": 1e3 * product, "chain ms": 1e3 * chain,
+            "chain / product": chain / product}                        # the price of waiting
+
+
+def forward_passes(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> tuple[int, torch.Tensor]:
+    """Write `new_tokens` tokens greedily with transformers' `generate`; count the forward passes."""
+    passes = []
+    hook = model.register_forward_hook(lambda *_: passes.append(1))   # called once per forward pass
+    try:
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, use_cache=use_cache)   # greedy, exactly new_tokens
+    finally:
+        hook.remove()
+    return len(passes), out[0, prompt.shape[1]:]                    # the passes, the written tokens
+
 # ── end of the cells saved from notebooks/02_sequential_steps.md ──
 
 
@@ -639,14 +661,16 @@ def depth_table(ns: Iterable[int] = (4, 16, 64, 256), d: int = 64, seed: int = 0
 
 
 def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
-              min_time: float = 0.05) -> dict[str, float]:
+              min_time: float = 0.05, warmup: bool = True) -> dict[str, float]:
     """Wall time of fn(*args): one warm-up run, then timed runs; seconds.
 
     Runs at least `min_runs` times and until `min_time` seconds have passed (at most
     `max_runs`). Like torch.utils.benchmark, it switches off the garbage collector while it
     times and waits for a GPU to finish its work before it reads the clock (its own harness,
     because the Timer of torch.utils.benchmark repeats every timed run twice as a warm-up,
-    which triples the cost of the slow cases). Returns the median, the quartiles and the runs.
+    which triples the cost of the slow cases). `warmup=False` counts the first run too: for a
+    long chain of small steps, whose first steps warm it up. Returns the median, the quartiles
+    and the runs.
     """
     import gc
     import timeit
@@ -667,9 +691,11 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        warm = once()                                       # warm-up: caches, allocations
-        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(warm, 1e-9))))
-        times = torch.tensor([once() for _ in range(runs)], dtype=torch.float64)
+        first = once()                                      # warm-up: caches, allocations
+        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(first, 1e-9))))
+        timed = [] if warmup else [first]                   # without a warm-up, the first run counts
+        timed += [once() for _ in range(runs - len(timed))]
+        times = torch.tensor(timed, dtype=torch.float64)
     finally:
         if collecting:
             gc.enable()
@@ -710,6 +736,55 @@ def _wall_time_quick() -> pd.DataFrame:
     """A quick wall-time table for the command line (the book's page measures up to 4,096)."""
     torch.set_num_threads(1)
     return wall_time_table(ns=(16, 64, 256, 1024), min_time=0.02)
+
+
+#: A recorded measurement, not made by this build: Part 2's timings on a machine with an NVIDIA
+#: H200 (measurements/h200-2026-11-30.json, the numbers this page needs from the shared record
+#: h200-2026-11-30-gpu.json; tests/test_part2_sequential_steps.py checks that the two agree).
+#: Milliseconds. Wall time: `wall_time_table` as on main that day (commit 9cf1af6), medians.
+#: Waiting isolated: one product x @ U against the chain h = tanh(x_i + h @ U), d = 512;
+#: median of synchronised runs on the GPU, best of several runs on the CPU.
+RECORDED_H200 = {
+    "device": "NVIDIA H200", "torch": "2.11.0+cu130", "transformers": "5.17.0", "cpu_threads": 16,
+    "date": "2026-11-30",
+    "wall_time": {  # n: (attention ms, loop ms) on the GPU, on 16 CPU threads, on 1 CPU thread
+        16: {"gpu": (0.10769900000084931, 0.4868020000010631),
+             "cpu16": (0.12213600000166025, 0.4115339999941625),
+             "cpu1": (0.28086300000040865, 0.38646499999828166)},
+        64: {"gpu": (0.13420499999838853, 1.6838580000033687),
+             "cpu16": (0.24085899999803928, 1.5603099999950132),
+             "cpu1": (0.7550119999990557, 1.379870999997479)},
+        256: {"gpu": (0.10005600000084769, 6.6052770000002425),
+              "cpu16": (0.8266680000019733, 6.16460899999538),
+              "cpu1": (3.6129929999972887, 5.457855000003065)},
+        1024: {"gpu": (0.1586119999998914, 26.762855000001196),
+               "cpu16": (3.825143999996783, 25.08152600000102),
+               "cpu1": (24.43023099999664, 21.839972999998736)},
+        4096: {"gpu": (0.9942229999992946, 102.99601199999842),
+               "cpu16": (53.535874000004924, 95.00936000000593),
+               "cpu1": (350.9490940000006, 86.83493200000214)},
+    },
+    "waiting_isolated": {  # n: (one product ms, chain ms) on the GPU and on 16 CPU threads
+        64: {"gpu": (0.02718800000423016, 1.6422070000032818), "cpu16": (0.061555000002044835, 1.3976729999995996)},
+        256: {"gpu": (0.024447000001259767, 6.427561999998943), "cpu16": (0.15092600000343737, 5.343368000005455)},
+        1024: {"gpu": (0.03630300000168063, 25.552080000004196), "cpu16": (0.4613979999987805, 21.352338999996334)},
+        4096: {"gpu": (0.06528899999835858, 103.9944730000002), "cpu16": (1.7219669999946063, 82.91254699999939)},
+    },
+}
+
+
+def recorded_tables(record: dict = RECORDED_H200) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The recorded wall times and waiting-isolated times as two tables, by n (milliseconds)."""
+    names = {"gpu": "GPU", "cpu16": f"{record['cpu_threads']} threads", "cpu1": "1 thread"}
+    wall = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["wall_time"].items()}
+                         for where in ("gpu", "cpu16", "cpu1") for i, what in enumerate(("attention ms", "loop ms"))})
+    waiting = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["waiting_isolated"].items()}
+                            for where in ("gpu", "cpu16") for i, what in enumerate(("product ms", "chain ms"))})
+    for where in ("gpu", "cpu16"):
+        name = names[where]
+        waiting[f"{name} chain / product"] = waiting[f"{name} chain ms"] / waiting[f"{name} product ms"]
+    wall.index.name = waiting.index.name = "n"
+    return wall, waiting
 
 
 def waiting_time(steps: int, seconds_per_step: float) -> float:
