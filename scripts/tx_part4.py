@@ -1128,6 +1128,14 @@ def chain_gradient(keep: float, steps: int) -> float:
     return grad[0].item()                               # … with the first one, `steps` steps back
 
 
+def linear_chain(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """A recurrence with nothing to squash it: h_t = h_(t-1) U + x_t. Returns h_n."""
+    h = torch.zeros_like(x[0])          # the memory before the first position
+    for x_t in x:                       # one step after another
+        h = h @ U + x_t                 # the memory passes through U, then the input joins it
+    return h
+
+
 def jacobian_norms(fn, x: torch.Tensor) -> torch.Tensor:
     """|∂ fn(x) / ∂x_i| for every position i of x, (n, d): how strongly the output feels each input.
 
@@ -1168,6 +1176,35 @@ def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
                    rows: Iterable[int] = (49, 40, 30, 20, 10, 5, 1, 0)) -> pd.DataFrame:
     """A few rows of gradient_by_distance, as the seed article prints them."""
     return gradient_by_distance(n, d, seeds).loc[list(rows)]
+
+
+def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
+                     forget_biases: Iterable[float | None] = (None, 1.0, 3.0)) -> pd.DataFrame:
+    """|d out_n / d x_i| for a real nn.LSTM (random weights), mean over seeds, one column per
+    forget-gate bias.
+
+    None keeps PyTorch's initialisation: every weight and bias uniform in ±1/√d, so the forget
+    gate starts near sigmoid(0) = 0.5. A number b sets the forget gate's bias (b_ih = b, b_hh = 0),
+    so that the gate starts near sigmoid(b). The output is the last hidden state h_n; network s
+    draws its weights from seed s and its inputs from seed 10,000 + s, as gradient_by_distance does.
+    """
+    check_positive(n=n, d=d, seeds=seeds)
+    columns = {}
+    for bias in forget_biases:
+        total = torch.zeros(n, dtype=torch.float64)
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            lstm = torch.nn.LSTM(d, d)
+            if bias is not None:
+                with torch.no_grad():                           # PyTorch's gate order: i, f, g, o
+                    lstm.bias_ih_l0[d:2 * d] = bias
+                    lstm.bias_hh_l0[d:2 * d] = 0.0
+            x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+            total += jacobian_norms(lambda x: lstm(x)[0][-1], x).detach().double() / seeds
+        columns["PyTorch default" if bias is None else f"forget bias {bias:g}"] = total.numpy()
+    table = pd.DataFrame(columns)
+    table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
+    return table.sort_index()
 
 
 def orders_of_magnitude(values: Iterable[float]) -> float:
