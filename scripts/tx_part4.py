@@ -424,16 +424,6 @@ def flops(fn: Callable, *args) -> int:
     return counter.get_total_flops()
 
 
-def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
-    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
-        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
-    h = xw.new_zeros(xw.shape[1])
-    for t in range(xw.shape[0]):       # h_t needs h_(t-1): the steps cannot run at the same time
-        h = torch.tanh(xw[t] + h @ U)
-    return h
-
-
 def measured_counts(n: int = 27, d: int = 512, k: int = 3, seed: int = 0) -> pd.DataFrame:
     """Method 1 (counted from the shapes) against Method 2 (FlopCounterMode / 2) for each layer."""
     check_positive(n=n, d=d, k=k)
@@ -605,39 +595,76 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def _node_depths(root) -> dict:
-    """The depth of every node of an autograd graph under `root`: 1 + the deepest parent.
+# ── saved from notebooks/02_sequential_steps.md: `make sync` writes this block from the cells marked #@save; edit them there ──
 
-    Iterative (no recursion limit, however long the chain) and remembered (a node that many
-    paths share is measured once: without the memo a lattice of shared nodes explodes).
-    """
-    depth: dict = {}
-    stack = [(root, False)]
+def node_depths(root) -> dict:
+    """The depth of every node of an autograd graph under `root`: 1 + the depth of its deepest parent."""
+    depth, stack = {}, [(root, False)]
     while stack:
         node, parents_done = stack.pop()
-        if node in depth:
+        if node in depth:                                   # measured already: shared by two paths
             continue
-        parents = [p for p, _ in node.next_functions if p is not None]
-        if parents_done:                          # every parent is measured: one link more
+        parents = [p for p, _ in node.next_functions if p is not None]   # the operations it used
+        if parents_done:                                    # every parent measured: one link more
             depth[node] = 1 + max((depth[p] for p in parents), default=0)
-        else:                                     # come back to this node after its parents
+        else:                                               # come back after the parents
             stack.append((node, True))
             stack.extend((p, False) for p in parents if p not in depth)
     return depth
 
 
 def graph_depth(t: torch.Tensor) -> int:
-    """The longest chain of operations in PyTorch's autograd graph, from `t` back to its leaves.
-
-    Operations on one chain must run one after another; operations on different chains may
-    run at the same time. A leaf that requires a gradient counts as one node (its
-    AccumulateGrad); a tensor that no operation made has depth 0.
-    """
+    """The longest chain of operations from `t` back to its leaves: the steps that must wait."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
-    if t.grad_fn is None:
+    if t.grad_fn is None:                                   # no operation made t
         return 0
-    return _node_depths(t.grad_fn)[t.grad_fn]
+    return node_depths(t.grad_fn)[t.grad_fn]
+
+
+def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
+                         Wv: torch.Tensor) -> torch.Tensor:
+    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
+    return tx.attention_core(x @ Wq, x @ Wk, x @ Wv)   # queries, keys, values: three large products
+
+
+def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
+    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
+        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
+    h = xw.new_zeros(xw.shape[1])            # the memory before the first position
+    for t in range(xw.shape[0]):             # step t needs h_(t-1): the steps cannot overlap
+        h = torch.tanh(xw[t] + h @ U)        # this position's input plus the memory, squashed
+    return h
+
+
+def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
+    return recurrent_chain(x @ W, U)         # one large product, then n small ones in a row
+
+
+def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
+    """Time the same n·d² multiply-adds two ways: one product x U, and the n-step chain
+    h ← tanh(x_i + h U). Milliseconds (median), and their ratio."""
+    with torch.no_grad():
+        product = tx.time_call(torch.matmul, x, U)["median"]           # every position at once
+        chain = tx.time_call(recurrent_chain, x, U, min_runs=1, warmup=False)["median"]   # n in a row
+    return {"product ms": 1e3 * product, "chain ms": 1e3 * chain,
+            "chain / product": chain / product}                        # the price of waiting
+
+
+def forward_passes(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> tuple[int, torch.Tensor]:
+    """Write `new_tokens` tokens greedily with transformers' `generate`; count the forward passes."""
+    passes = []
+    hook = model.register_forward_hook(lambda *_: passes.append(1))   # called once per forward pass
+    try:
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, use_cache=use_cache)   # greedy, exactly new_tokens
+    finally:
+        hook.remove()
+    return len(passes), out[0, prompt.shape[1]:]                    # the passes, the written tokens
+
+# ── end of the cells saved from notebooks/02_sequential_steps.md ──
 
 
 def longest_chain(t: torch.Tensor) -> list[str]:
@@ -646,24 +673,13 @@ def longest_chain(t: torch.Tensor) -> list[str]:
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
     if t.grad_fn is None:
         return []
-    depth = _node_depths(t.grad_fn)
+    depth = node_depths(t.grad_fn)
     node, names = t.grad_fn, []
     while node is not None:
         names.append(type(node).__name__)
         parents = [p for p, _ in node.next_functions if p is not None]
         node = max(parents, key=depth.__getitem__, default=None)   # a deepest parent
     return names
-
-
-def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
-                         Wv: torch.Tensor) -> torch.Tensor:
-    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
-    return attention_core(x @ Wq, x @ Wk, x @ Wv)
-
-
-def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
-    return recurrent_chain(x @ W, U)
 
 
 def random_weights(count: int, d: int, seed: int = 0, requires_grad: bool = False,
@@ -694,14 +710,16 @@ def depth_table(ns: Iterable[int] = (4, 16, 64, 256), d: int = 64, seed: int = 0
 
 
 def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
-              min_time: float = 0.05) -> dict[str, float]:
+              min_time: float = 0.05, warmup: bool = True) -> dict[str, float]:
     """Wall time of fn(*args): one warm-up run, then timed runs; seconds.
 
     Runs at least `min_runs` times and until `min_time` seconds have passed (at most
     `max_runs`). Like torch.utils.benchmark, it switches off the garbage collector while it
     times and waits for a GPU to finish its work before it reads the clock (its own harness,
     because the Timer of torch.utils.benchmark repeats every timed run twice as a warm-up,
-    which triples the cost of the slow cases). Returns the median, the quartiles and the runs.
+    which triples the cost of the slow cases). `warmup=False` counts the first run too: for a
+    long chain of small steps, whose first steps warm it up. Returns the median, the quartiles
+    and the runs.
     """
     import gc
     import timeit
@@ -722,9 +740,11 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        warm = once()                                       # warm-up: caches, allocations
-        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(warm, 1e-9))))
-        times = torch.tensor([once() for _ in range(runs)], dtype=torch.float64)
+        first = once()                                      # warm-up: caches, allocations
+        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(first, 1e-9))))
+        timed = [] if warmup else [first]                   # without a warm-up, the first run counts
+        timed += [once() for _ in range(runs - len(timed))]
+        times = torch.tensor(timed, dtype=torch.float64)
     finally:
         if collecting:
             gc.enable()
@@ -765,6 +785,55 @@ def _wall_time_quick() -> pd.DataFrame:
     """A quick wall-time table for the command line (the book's page measures up to 4,096)."""
     torch.set_num_threads(1)
     return wall_time_table(ns=(16, 64, 256, 1024), min_time=0.02)
+
+
+#: A recorded measurement, not made by this build: Part 2's timings on a machine with an NVIDIA
+#: H200 (measurements/h200-2026-11-30.json, the numbers this page needs from the shared record
+#: h200-2026-11-30-gpu.json; tests/test_part2_sequential_steps.py checks that the two agree).
+#: Milliseconds. Wall time: `wall_time_table` as on main that day (commit 9cf1af6), medians.
+#: Waiting isolated: one product x @ U against the chain h = tanh(x_i + h @ U), d = 512;
+#: median of synchronised runs on the GPU, best of several runs on the CPU.
+RECORDED_H200 = {
+    "device": "NVIDIA H200", "torch": "2.11.0+cu130", "transformers": "5.17.0", "cpu_threads": 16,
+    "date": "2026-11-30",
+    "wall_time": {  # n: (attention ms, loop ms) on the GPU, on 16 CPU threads, on 1 CPU thread
+        16: {"gpu": (0.10769900000084931, 0.4868020000010631),
+             "cpu16": (0.12213600000166025, 0.4115339999941625),
+             "cpu1": (0.28086300000040865, 0.38646499999828166)},
+        64: {"gpu": (0.13420499999838853, 1.6838580000033687),
+             "cpu16": (0.24085899999803928, 1.5603099999950132),
+             "cpu1": (0.7550119999990557, 1.379870999997479)},
+        256: {"gpu": (0.10005600000084769, 6.6052770000002425),
+              "cpu16": (0.8266680000019733, 6.16460899999538),
+              "cpu1": (3.6129929999972887, 5.457855000003065)},
+        1024: {"gpu": (0.1586119999998914, 26.762855000001196),
+               "cpu16": (3.825143999996783, 25.08152600000102),
+               "cpu1": (24.43023099999664, 21.839972999998736)},
+        4096: {"gpu": (0.9942229999992946, 102.99601199999842),
+               "cpu16": (53.535874000004924, 95.00936000000593),
+               "cpu1": (350.9490940000006, 86.83493200000214)},
+    },
+    "waiting_isolated": {  # n: (one product ms, chain ms) on the GPU and on 16 CPU threads
+        64: {"gpu": (0.02718800000423016, 1.6422070000032818), "cpu16": (0.061555000002044835, 1.3976729999995996)},
+        256: {"gpu": (0.024447000001259767, 6.427561999998943), "cpu16": (0.15092600000343737, 5.343368000005455)},
+        1024: {"gpu": (0.03630300000168063, 25.552080000004196), "cpu16": (0.4613979999987805, 21.352338999996334)},
+        4096: {"gpu": (0.06528899999835858, 103.9944730000002), "cpu16": (1.7219669999946063, 82.91254699999939)},
+    },
+}
+
+
+def recorded_tables(record: dict = RECORDED_H200) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The recorded wall times and waiting-isolated times as two tables, by n (milliseconds)."""
+    names = {"gpu": "GPU", "cpu16": f"{record['cpu_threads']} threads", "cpu1": "1 thread"}
+    wall = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["wall_time"].items()}
+                         for where in ("gpu", "cpu16", "cpu1") for i, what in enumerate(("attention ms", "loop ms"))})
+    waiting = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["waiting_isolated"].items()}
+                            for where in ("gpu", "cpu16") for i, what in enumerate(("product ms", "chain ms"))})
+    for where in ("gpu", "cpu16"):
+        name = names[where]
+        waiting[f"{name} chain / product"] = waiting[f"{name} chain ms"] / waiting[f"{name} product ms"]
+    wall.index.name = waiting.index.name = "n"
+    return wall, waiting
 
 
 def waiting_time(steps: int, seconds_per_step: float) -> float:
@@ -1115,55 +1184,56 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def jacobian_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """|d fn(x) / d x_i| for every row i of x: the Frobenius norm of each block of the Jacobian.
+# ── saved from notebooks/04_gradients.md: `make sync` writes this block from the cells marked #@save; edit them there ──
 
-    fn maps x, (n, d), to one output vector. Each block (output numbers × the d numbers of
-    x_i) says how strongly the output moves when x_i moves. One backward pass gives every
-    block: fn runs on one copy of x per output number (vmap), and copy m keeps number m.
+def chain_gradient(keep: float, steps: int) -> float:
+    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns ∂h_last / ∂x_first."""
+    tx.check_rate(low_open=True, keep=keep)
+    tx.check_positive(steps=steps)
+    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)   # inputs x_0 … x_steps
+    h = tx.scan_loop(torch.full_like(x, keep), x)       # h_t = keep · h_(t-1) + x_t, in order
+    (grad,) = torch.autograd.grad(h[-1], x)             # how the last memory moves with each input
+    return grad[0].item()                               # … with the first one, `steps` steps back
+
+
+def linear_chain(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """A recurrence with nothing to squash it: h_t = h_(t-1) U + x_t. Returns h_n."""
+    h = torch.zeros_like(x[0])          # the memory before the first position
+    for x_t in x:                       # one step after another
+        h = h @ U + x_t                 # the memory passes through U, then the input joins it
+    return h
+
+
+def jacobian_norms(fn, x: torch.Tensor) -> torch.Tensor:
+    """|∂ fn(x) / ∂x_i| for every position i of x, (n, d): how strongly the output feels each input.
+
+    fn maps x to one output vector. The Jacobian block of position i holds the derivative of every
+    output number by every number of x_i; its size is the Frobenius norm of that block.
     """
-    from torch.func import vmap
-
     if x.dim() != 2:
         raise ValueError(f"x must be an (n, d) tensor, got shape {tuple(x.shape)}")
-    outputs = fn(x).numel()
-    copies = x.detach().unsqueeze(0).repeat(outputs, 1, 1).requires_grad_(True)
-    picked = vmap(fn)(copies).diagonal().sum()               # copy m: its output number m only
-    (grad,) = torch.autograd.grad(picked, copies)            # row m of the Jacobian, in copy m
-    return grad.pow(2).sum(dim=(0, 2)).sqrt()                # one norm per input position
+    jacobian = torch.func.jacrev(fn)(x)              # (outputs, n, d): autograd, every output at once
+    return jacobian.pow(2).sum(dim=(0, 2)).sqrt()    # square, add over the outputs and x_i's numbers
+
+# ── end of the cells saved from notebooks/04_gradients.md ──
 
 
 def gradient_by_distance(n: int = 50, d: int = 64, seeds: int = 20) -> pd.DataFrame:
     """|d out_n / d x_i| for a tanh RNN and one self-attention layer, mean over random networks.
 
-    Network s draws its weights (scaled 1/√d) and its inputs from seed s. All networks are
-    differentiated at once: vmap runs one copy of every network per output number, and one
-    backward pass returns every row of every Jacobian. One thread: two runs give the same
-    numbers.
+    Network s draws its weights (scaled 1/√d) from seed s and its inputs from seed 10,000 + s;
+    `jacobian_norms` measures each. One thread: two runs give the same numbers.
     """
-    from torch.func import vmap
-
     check_positive(n=n, d=d, seeds=seeds)
-    weights, inputs = [], []
+    norms = {"RNN": torch.zeros(n, dtype=torch.float64),
+             "self-attention": torch.zeros(n, dtype=torch.float64)}
     for seed in range(seeds):
-        weights.append(torch.stack(random_weights(5, d, seed)))      # Wq, Wk, Wv, W, U
-        inputs.append(torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed)))
-    weights, inputs = torch.stack(weights), torch.stack(inputs)
-
-    def rnn_last(x, w):
-        return recurrent_layer(x, w[3], w[4])                        # h_n, the last output
-
-    def attention_last(x, w):
-        return self_attention_layer(x, w[0], w[1], w[2])[-1]         # output row n
-
-    keep = torch.eye(d).unsqueeze(1)                                 # copy m keeps output m
-    norms = {}
-    for name, fn in [("RNN", rnn_last), ("self-attention", attention_last)]:
-        copies = inputs.unsqueeze(0).repeat(d, 1, 1, 1).requires_grad_(True)   # (d, seeds, n, d)
-        out = vmap(vmap(fn), in_dims=(0, None))(copies, weights)              # (d, seeds, d)
-        (grad,) = torch.autograd.grad((out * keep).sum(), copies)
-        norms[name] = grad.pow(2).sum(dim=(0, 3)).sqrt().mean(dim=0)          # (n,)
-    table = pd.DataFrame({name: values.double().numpy() for name, values in norms.items()})
+        Wq, Wk, Wv, W, U = random_weights(5, d, seed)
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+        norms["RNN"] += jacobian_norms(lambda x: recurrent_layer(x, W, U), x).double() / seeds
+        norms["self-attention"] += jacobian_norms(
+            lambda x: self_attention_layer(x, Wq, Wk, Wv)[-1], x).double() / seeds   # output row n
+    table = pd.DataFrame({name: values.numpy() for name, values in norms.items()})
     table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
     table.insert(0, "input i", range(1, n + 1))
     return table.sort_index()
@@ -1174,6 +1244,35 @@ def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
                    rows: Iterable[int] = (49, 40, 30, 20, 10, 5, 1, 0)) -> pd.DataFrame:
     """A few rows of gradient_by_distance, as the seed article prints them."""
     return gradient_by_distance(n, d, seeds).loc[list(rows)]
+
+
+def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
+                     forget_biases: Iterable[float | None] = (None, 1.0, 3.0)) -> pd.DataFrame:
+    """|d out_n / d x_i| for a real nn.LSTM (random weights), mean over seeds, one column per
+    forget-gate bias.
+
+    None keeps PyTorch's initialisation: every weight and bias uniform in ±1/√d, so the forget
+    gate starts near sigmoid(0) = 0.5. A number b sets the forget gate's bias (b_ih = b, b_hh = 0),
+    so that the gate starts near sigmoid(b). The output is the last hidden state h_n; network s
+    draws its weights from seed s and its inputs from seed 10,000 + s, as gradient_by_distance does.
+    """
+    check_positive(n=n, d=d, seeds=seeds)
+    columns = {}
+    for bias in forget_biases:
+        total = torch.zeros(n, dtype=torch.float64)
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            lstm = torch.nn.LSTM(d, d)
+            if bias is not None:
+                with torch.no_grad():                           # PyTorch's gate order: i, f, g, o
+                    lstm.bias_ih_l0[d:2 * d] = bias
+                    lstm.bias_hh_l0[d:2 * d] = 0.0
+            x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+            total += jacobian_norms(lambda x: lstm(x)[0][-1], x).detach().double() / seeds
+        columns["PyTorch default" if bias is None else f"forget bias {bias:g}"] = total.numpy()
+    table = pd.DataFrame(columns)
+    table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
+    return table.sort_index()
 
 
 def orders_of_magnitude(values: Iterable[float]) -> float:
@@ -1194,35 +1293,10 @@ def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
     return ((dx * dy).sum() / dx.pow(2).sum()).item()       # covariance over variance
 
 
-def survival(keep: float, steps: int) -> float:
-    """What is left of a signal after `steps` steps that each keep a share `keep` of it."""
-    if not 0 < keep <= 1:
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
-    return keep ** steps                        # one factor `keep` per step
-
-
-def chain_gradient(keep: float, steps: int) -> float:
-    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns d h_last / d x_first.
-
-    `steps` steps separate the first input from the last memory.
-    """
-    if not 0 < keep <= 1:
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    check_positive(steps=steps)
-    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)
-    h = x[0]
-    for t in range(1, steps + 1):
-        h = keep * h + x[t]                      # one step keeps a share of what came in
-    (grad,) = torch.autograd.grad(h, x)
-    return grad[0].item()
-
-
 @cli_table("Part 4 · what a step that keeps 0.98 leaves of a signal: the power and autograd")
 def survival_table(keep: float = 0.98, steps: Iterable[int] = (1, 10, 100, 511, 1000)) -> pd.DataFrame:
     """keep ** steps against the gradient of a real chain of that many steps."""
-    rows = {s: {"keep ** steps": survival(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
+    rows = {s: {"keep ** steps": weight_left(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "steps"
     table["relative difference"] = (table["autograd"] / table["keep ** steps"] - 1).abs()
