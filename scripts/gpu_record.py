@@ -7,7 +7,9 @@ against one recurrent loop, d = 512), the same n·d² multiply-adds as one produ
 chain ("waiting isolated"), and Part 5's masked against banded attention (d = 64, r = 17), every
 timer synchronised with the device (tx.time_call). It writes one JSON record: the device, the
 torch and transformers versions, the date, and the tables. Without CUDA it exits 2 with one line.
-The pages show a committed record, labelled with its device and date, when the build has no GPU.
+The pages show a committed record, labelled with its device and date: measurements/*.json, and
+its numbers in tx_part4.RECORDED_H200 (a test checks that the two agree). To adopt a new record,
+commit its file and update that constant; the build checks its values as kind `recorded`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tx_part4 as tx  # noqa: E402
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "tx_data" / "gpu_record.json"
+MEASUREMENTS = Path(__file__).resolve().parent.parent / "measurements"
 
 
 def waiting_isolated(ns, d: int = 512, device: str = "cuda", seed: int = 0) -> dict:
@@ -51,7 +53,7 @@ def waiting_isolated(ns, d: int = 512, device: str = "cuda", seed: int = 0) -> d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"where to write (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, help="where to write (default measurements/DEVICE-DATE.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("no CUDA device on this machine: the record needs a GPU")
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         "waiting_isolated": waiting_isolated((64, 256, 1024, 4096)),
         "banded": {str(n): row for n, row in band.to_dict("index").items()},
     }
+    if args.out is None:
+        slug = "".join(c if c.isalnum() else "-" for c in record["device"].lower()).strip("-")
+        args.out = MEASUREMENTS / f"{slug}-{record['date']}.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(f"{args.out}: {record['device']}, torch {record['torch']}, {record['date']}")

@@ -595,7 +595,7 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/02_sequential_steps.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/02_sequential_steps.md by `make sync` (cells marked #@save): edit them there ──
 
 def node_depths(root) -> dict:
     """The depth of every node of an autograd graph under `root`: 1 + the depth of its deepest parent."""
@@ -1184,7 +1184,7 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/04_gradients.md: `make sync` writes this block from the cells marked #@save; edit them there ──
+# ── saved from notebooks/04_gradients.md by `make sync` (cells marked #@save): edit them there ──
 
 def chain_gradient(keep: float, steps: int) -> float:
     """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns ∂h_last / ∂x_first."""
