@@ -77,6 +77,11 @@ lab: env
 	$(BIN)/jupyter lab --allow-root --ServerApp.root_dir="$(CURDIR)" \
 		--FileContentsManager.preferred_dir=notebooks $(LAB_ARGS)
 
+.PHONY: pdf
+## pdf: the book as one PDF, _build/pdf/why-self-attention.pdf, from the notebooks `make book` executed
+pdf: env
+	$(BIN)/python scripts/pdf.py
+
 ## serve: serve the built site on http://localhost:8000
 serve:
 	$(PYTHON) -m http.server 8000 --directory _build/html

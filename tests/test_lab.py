@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = "notebooks/01_costs.ipynb"
-START_TIMEOUT = 90       # seconds for JupyterLab to answer (it imports a lot on a busy 2-core machine)
+START_TIMEOUT = 90       # seconds for JupyterLab to answer (slow to import on a busy machine)
 STOP_TIMEOUT = 20        # seconds for it to exit after /api/shutdown
 
 
@@ -90,7 +90,8 @@ def test_make_lab_starts_serves_a_notebook_and_stops(tmp_path):
                 break
             time.sleep(0.5)
         output = (tmp_path / "lab.log").read_text()
-        assert process.poll() is None, f"`make lab` exited ({process.returncode}):\n{output[-3000:]}"
+        assert process.poll() is None, \
+            f"`make lab` exited ({process.returncode}):\n{output[-3000:]}"
         assert status == 200, f"{NOTEBOOK}: HTTP {status} after {START_TIMEOUT} s\n{output[-3000:]}"
         model = json.loads(body)
         assert (model["type"], model["path"]) == ("notebook", NOTEBOOK)
