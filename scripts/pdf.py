@@ -234,12 +234,37 @@ def refuse_to_execute(*args, **kwargs):
                        "_build/.jupyter_cache is missing or stale. Run `make book` first.")
 
 
+def html_handlers_in_singlehtml() -> None:
+    """Give the singlehtml builder every extension's HTML visitors.
+
+    Sphinx looks a node's visitor up under the builder's name and, only when no extension has
+    registered any visitor under that name, under its format ("html"). sphinx-exercise registers
+    its nodes for "singlehtml" too, and from then on myst-nb's nodes (HideCodeCellNode) have no
+    visitor in a singlehtml build. Merge the two: the format's, then the builder's own."""
+    from types import MethodType
+
+    from sphinx.registry import SphinxComponentRegistry
+
+    def create_translator(self, builder, *args):
+        translator = self.get_translator_class(builder)(*args)
+        handlers = {**self.translation_handlers.get(builder.format, {}),
+                    **self.translation_handlers.get(builder.name, {})}
+        for name, (visit, depart) in handlers.items():
+            setattr(translator, "visit_" + name, MethodType(visit, translator))
+            if depart:
+                setattr(translator, "depart_" + name, MethodType(depart, translator))
+        return translator
+
+    SphinxComponentRegistry.create_translator = create_translator
+
+
 def render_in_this_process() -> int:
     """Jupyter Book's singlehtml build, with notebook execution made impossible."""
     import myst_nb.core.execute.cache as cached
     from jupyter_book.cli.main import main as jupyter_book
 
     cached.single_nb_execution = refuse_to_execute
+    html_handlers_in_singlehtml()
     try:
         jupyter_book(["build", str(ROOT), "--builder", "singlehtml", "-W", "-n", "--keep-going"],
                      standalone_mode=False)
@@ -286,7 +311,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.thread.start()
         return self
 

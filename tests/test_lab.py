@@ -43,7 +43,7 @@ def get(url: str, token: str, method: str = "GET") -> tuple[int, bytes]:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout):
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0, b""
 
 
