@@ -398,7 +398,12 @@ def print_pdf(driver) -> bytes:
 
 def link_pages(pdf: bytes) -> dict[str, int]:
     """Where each internal link of the PDF leads: {named destination: page number from 1}."""
+    import logging
+
     from pypdf import PdfReader
+
+    # Chromium's trailer undercounts its objects; pypdf says so and reads the file correctly.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
 
     reader = PdfReader(io.BytesIO(pdf))
     return {str(name).lstrip("/"): reader.get_destination_page_number(dest) + 1
@@ -425,19 +430,21 @@ def finish(pdf: bytes, entries: list[dict], pages: dict[str, int]) -> bytes:
     meta = book_meta()
     writer.add_metadata({"/Title": meta["title"], "/Author": meta["author"],
                          "/Subject": meta["subtitle"]})
-    writer.add_outline_item("Contents", 1)
+    writer.add_outline_item(title="Contents", page_number=1)
     part = chapter = None
     for item in entries:
         if item["kind"] == "part":           # a caption: it opens where its first chapter does
             following = entries[entries.index(item) + 1:]
             first = next((e for e in following if e["target"]), None)
-            part = (writer.add_outline_item(item["text"], pages[first["target"]] - 1)
+            part = (writer.add_outline_item(title=item["text"],
+                                            page_number=pages[first["target"]] - 1)
                     if first else None)
         elif item["kind"] == "chapter":
-            chapter = writer.add_outline_item(item["text"], pages[item["target"]] - 1,
-                                              parent=part)
+            chapter = writer.add_outline_item(title=item["text"],
+                                              page_number=pages[item["target"]] - 1, parent=part)
         else:
-            writer.add_outline_item(item["text"], pages[item["target"]] - 1, parent=chapter)
+            writer.add_outline_item(title=item["text"], page_number=pages[item["target"]] - 1,
+                                    parent=chapter)
     writer.page_mode = "/UseOutlines"
     out = io.BytesIO()
     writer.write(out)
