@@ -70,9 +70,17 @@ html: env
 tables: env
 	$(BIN)/python scripts/tx_part4.py
 
-## lab: open the notebooks in JupyterLab
+## lab: open the notebooks in JupyterLab (the repository is its root; --allow-root: containers
+## and CI run as root, where Jupyter refuses to start without it; for anyone else it changes nothing)
+LAB_ARGS ?=
 lab: env
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --allow-root --ServerApp.root_dir="$(CURDIR)" \
+		--FileContentsManager.preferred_dir=notebooks $(LAB_ARGS)
+
+.PHONY: pdf
+## pdf: the book as one PDF, _build/pdf/why-self-attention.pdf, from the notebooks `make book` executed
+pdf: env
+	$(BIN)/python scripts/pdf.py
 
 ## serve: serve the built site on http://localhost:8000
 serve:

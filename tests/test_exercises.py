@@ -38,8 +38,8 @@ def glue_keys(code: str) -> list[str]:
                 if isinstance(literal, ast.Constant) and isinstance(literal.value, str):
                     keys.append(literal.value)
                 elif isinstance(literal, ast.JoinedStr) and literal.values:
-                    first = literal.values[0]
-                    keys.append(first.value if isinstance(first, ast.Constant) else "{…}")
+                    first = literal.values[0]             # the literal start, then a placeholder
+                    keys.append((first.value if isinstance(first, ast.Constant) else "") + "{…}")
     return keys
 
 
@@ -81,4 +81,4 @@ def test_the_exercises_page_lists_every_exercise():
 def test_glue_keys_reads_every_form():
     code = ('tx.record(ex_a=1, kind="measured")\ntx.record({"ex_b": 2})\n'
             'tx.record({f"ex_c_{n}": n for n in (1, 2)})\ntx.show("d", 3)\n')
-    assert glue_keys(code) == ["ex_a", "ex_b", "ex_c_", "d"]
+    assert glue_keys(code) == ["ex_a", "ex_b", "ex_c_{…}", "d"]
