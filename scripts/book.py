@@ -338,8 +338,8 @@ def sync_saved(module: Path = MODULE) -> None:
 
 def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     """Execute one notebook in a temporary folder; return (path, seconds, error, notebook)."""
-    from jupyter_cache.readers import get_reader
     from jupyter_cache.executors.utils import single_nb_execution
+    from jupyter_cache.readers import get_reader
 
     notebook = get_reader(READER)(path)
     # The kernel inherits this environment: with MPLBACKEND=Agg (common in CI) plt.show() draws
@@ -607,7 +607,7 @@ def fmt(value) -> str:
     """A value as the drift table shows it."""
     if value is None:
         return "—"
-    if isinstance(value, bool) or isinstance(value, str):
+    if isinstance(value, (bool, str)):
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"

@@ -347,7 +347,7 @@ def axe_problems(page: str, results: dict,
 # ── links of the static site ──────────────────────────────────────────────────────────────
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parsed(path: Path):
     """A page parsed with BeautifulSoup (cached: pages are read once per run)."""
     from bs4 import BeautifulSoup
@@ -355,7 +355,7 @@ def parsed(path: Path):
     return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ids_of(path: Path) -> frozenset[str]:
     """Every id (and old-style name anchor) of a page."""
     soup = parsed(path)
@@ -417,7 +417,7 @@ class SiteServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "SiteServer":
+    def __enter__(self) -> SiteServer:
         self.thread.start()
         return self
 

@@ -38,13 +38,12 @@ def test_the_pinned_environment_leaves_out_the_slow_imports():
     notebook) and SciPy (transformers imports it with every model: 1 s a page). requirements.txt
     pins jsonschema below 4.25 and requirements-nodeps.txt installs the model package alone.
     """
+    from contextlib import suppress
     from importlib.metadata import PackageNotFoundError, version
 
     installed = []
     for name in ("rfc3987-syntax", "scipy"):
-        try:
+        with suppress(PackageNotFoundError):
             installed.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            pass
     assert not installed, (f"{', '.join(installed)} installed: it slows every build; see the "
                            f"comments in requirements.txt and requirements-nodeps.txt")

@@ -1,13 +1,7 @@
 """The number check itself: drifts, missing and unexpected keys fail, with a readable table."""
 
 import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-import nbformat
 import pytest
 
 import book

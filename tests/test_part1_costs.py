@@ -14,12 +14,12 @@ SIZES = [(n, d) for n in (1, 2, 5, 17, 33) for d in (1, 3, 8, 64)]
 def brute_force_attention(n, d):
     """Count the multiplications of QKᵀ and weights·V one by one, with loops."""
     count = 0
-    for i in range(n):
-        for j in range(n):
-            count += d          # score (i, j): a dot product of d numbers
-    for i in range(n):
-        for j in range(n):
-            count += d          # output row i gets weight (i, j) times value row j
+    for _query in range(n):
+        for _key in range(n):
+            count += d          # score (query, key): a dot product of d numbers
+    for _row in range(n):
+        for _value in range(n):
+            count += d          # output row gets weight (row, value) times that value
     return count
 
 

@@ -79,7 +79,7 @@ def test_a_chain_of_5000_links_needs_no_recursion():
     h = leaf
     for _ in range(5000):
         h = h * 1.0001                              # one MulBackward per link
-    assert 5000 > sys.getrecursionlimit()
+    assert sys.getrecursionlimit() < 5000
     assert tx.graph_depth(h) == 5000 + 1            # 5,000 multiplications and the leaf
     assert tx.graph_depth(h) == networkx_depth(h)
     assert len(tx.longest_chain(h)) == 5001

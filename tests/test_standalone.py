@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import nbformat                                      # imported here, once: the forked workers share it
+import nbformat  # imported here, once: the forked workers share it
 import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
