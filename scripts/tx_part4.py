@@ -2485,7 +2485,7 @@ def token_bytes(config: dict, kind: str, bytes_per_number: int = 2) -> int:
             * bytes_per_number)                                  # of this many bytes
 
 
-#: Bytes of each number of a Mamba layer's recurrent state: transformers keeps it in float32.
+#: Bytes of each number of a Mamba layer's recurrent state: float32 in transformers 5.24's PyTorch path.
 STATE_NUMBER_BYTES = 4
 
 
@@ -2532,9 +2532,11 @@ def count_model_pairs(config: dict, n: int) -> float:
             continue                                              # a state-space layer has no pairs
         w = window or n
         pairs = n * n / 2 if n <= w else n * w - w * w / 2        # causal pairs, or a band of w
-        latent = kind == "latent"
-        key = config["qk_nope_head_dim"] + config["qk_rope_head_dim"] if latent else head_size(config)
-        value = config["v_head_dim"] if latent else head_size(config)
+        if kind == "latent":                                      # MLA on its cached latent (absorbed):
+            key = config["kv_lora_rank"] + config["qk_rope_head_dim"]  # score against latent + rotary key
+            value = config["kv_lora_rank"]                        # mix the latent
+        else:
+            key = value = head_size(config)                       # a key and a value of head_dim
         total += pairs * config["num_attention_heads"] * (key + value)   # a score and a mix, every head
     return total
 
@@ -2747,7 +2749,8 @@ def model_costs(config: dict, weights: tuple[int, int], accelerator: Accelerator
                 tokens: Iterable[int] = (8192, 131072), bytes_per_number: int = 2,
                 decode_at: int = 8192) -> dict:
     """Every cost of the book for one model: cache a token, fixed state, cache at each length,
-    longest conversation in each memory after the weights, decode time a token, crossing length."""
+    longest single conversation in each memory after the weights, the least decode time a token
+    (batch 1, bandwidth-bound), crossing length."""
     total, read = weights
     kinds = layer_kinds(config)
     costs = {
@@ -2762,9 +2765,13 @@ def model_costs(config: dict, weights: tuple[int, int], accelerator: Accelerator
         free = int(gib * GIB) - costs["weight_bytes"]
         costs["weights_fit"][gib] = free >= 0
         costs["max_tokens"][gib] = max_tokens(config, free, bytes_per_number) if free >= 0 else 0
-    read_bytes = read * bytes_per_number + cache_bytes(config, decode_at, bytes_per_number)
+    # A decoding step reads every weight the token uses, but the input embedding (a token reads one
+    # row of it; the whole table is read only where it is tied to the output head), and the whole cache.
+    read_bytes = (weights_per_token(config, read) * bytes_per_number
+                  + cache_bytes(config, decode_at, bytes_per_number))
     costs["decode_at"] = decode_at
-    costs["decode_seconds"] = read_bytes / accelerator.bytes_per_second   # one conversation, bandwidth-bound
+    costs["decode_bytes"] = read_bytes
+    costs["decode_seconds"] = read_bytes / accelerator.bytes_per_second   # a floor: batch 1, bandwidth only
     costs["crossing_tokens"] = crossing_tokens(config, weights_per_token(config, read))
     costs["layers"] = [
         {"kind": kind, "window": window, "layers": kinds.count((kind, window)),
@@ -2784,6 +2791,19 @@ class _WholeOrWord:
 
 #: Pass as a column's format to `show_table` when the column mixes whole numbers and words.
 WHOLE_OR_WORD = _WholeOrWord()
+
+
+class _GibOrMib:
+    """A display format for a column in GiB: values under 0.01 GiB are written in MiB, so that a
+    small fixed state reads "2.53 MiB", not "0.00"."""
+
+    @staticmethod
+    def format(value) -> str:
+        return f"{value:,.2f}" if value >= 0.01 or value == 0 else f"{value * 1024:,.2f} MiB"
+
+
+#: Pass as the format of a GiB column whose small values should show in MiB.
+GIB_OR_MIB = _GibOrMib()
 
 
 def key_name(name: str) -> str:

@@ -323,3 +323,37 @@ def test_cli_runs_as_a_script():
 def test_kv_subcommand_still_works(capsys):
     tx.main(["kv", "--layers", "32", "--heads", "32", "--kv-heads", "8", "--head-size", "128"])
     assert "128.00 KiB a token" in capsys.readouterr().out
+
+
+# ── the forms the page prices: MLA on its latent, decode without the input embedding ────────
+
+def test_latent_pairs_counted_on_the_latent_like_the_cache():
+    """A latent layer's pairs use the absorbed form that works on the cached latent: a score over
+    kv_lora_rank + qk_rope_head_dim numbers and a mix over kv_lora_rank, for every head."""
+    config = tx.read_config(BUILT["mla"])
+    n, heads, layers = 10, 4, 3
+    per_head = (16 + 8) + 16                                     # score on latent + rope, mix on latent
+    assert tx.count_model_pairs(config, n) == n * n / 2 * heads * per_head * layers
+    deepseek = tx.shipped_configs()["deepseek-v2-lite"]
+    w = 2_000_000_000
+    absorbed = 27 * 16 * (576 + 512)
+    assert tx.crossing_tokens(deepseek, w) == -(-2 * w // absorbed)
+
+
+def test_decode_reads_the_weights_a_token_uses_not_the_input_embedding():
+    configs = tx.shipped_configs()
+    llama = configs["llama-2-7b"]
+    total = 6_738_415_616
+    costs = tx.model_costs(llama, (total, total), tx.Accelerator())
+    embedding = 32_000 * 4096
+    assert costs["decode_bytes"] == (total - embedding) * 2 + tx.cache_bytes(llama, 8192)
+    assert costs["decode_seconds"] == costs["decode_bytes"] / 1e12
+    mamba = configs["mamba-130m"]                                 # tied: the output head reads it whole
+    tied = tx.model_costs(mamba, (1000, 1000), tx.Accelerator())
+    assert tied["decode_bytes"] == 1000 * 2 + tx.cache_bytes(mamba, 8192)
+
+
+def test_gib_or_mib_format():
+    assert tx.GIB_OR_MIB.format(6.25) == "6.25"
+    assert tx.GIB_OR_MIB.format(0.0) == "0.00"
+    assert tx.GIB_OR_MIB.format(2.53125 / 1024) == "2.53 MiB"
