@@ -1045,7 +1045,8 @@ def path_table(ns: Iterable[int] = (8, 27, 64, 100), k: int = 3, rs: Iterable[in
 
 
 def contiguous_layers(distance: int, k: int = 3) -> int:
-    """The formula: L contiguous layers reach (k-1)·L positions back, so ⌈distance / (k-1)⌉."""
+    """The formula: L contiguous layers reach 1 + (k-1)·L positions (itself included), so a
+    distance of `distance` positions back takes ⌈distance / (k-1)⌉ layers."""
     check_positive(distance=distance, k=k)
     if k < 2:
         raise ValueError(f"k must be at least 2 to reach another position, got {k}")
@@ -1053,7 +1054,8 @@ def contiguous_layers(distance: int, k: int = 3) -> int:
 
 
 def dilated_layers(n: int, k: int = 3) -> int:
-    """The formula: L dilated layers (dilation 1, k, k², …) reach k^L positions, so ⌈log_k n⌉."""
+    """The formula: L dilated layers (dilation 1, k, k², …) reach k^L positions (itself included),
+    so ⌈log_k n⌉."""
     check_positive(n=n, k=k)
     if k < 2:
         raise ValueError(f"k must be at least 2 to reach another position, got {k}")
@@ -1073,7 +1075,7 @@ def conv_layers_table(ns: Iterable[int] = (10, 27, 100, 512), k: int = 3) -> pd.
                    "contiguous formula": contiguous_layers(n - 1, k),
                    "dilated": layers_to_connect(n, lambda L: dilated_offsets(L, k)),
                    "dilated formula": dilated_layers(n, k),
-                   "self-attention": 1,
+                   "self-attention": layers_to_connect(n, lambda L: every_offset(n)),   # every pair
                    "recurrent steps": recurrent_path(n)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
