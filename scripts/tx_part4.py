@@ -1384,8 +1384,8 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) 
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
-    """The same result as banded_attention, as real kernels compute it: blocks of r queries,
-    each against the 2r − 1 keys its block can reach, in dense matrix products."""
+    """The same result as banded_attention, in the block shape real kernels use: blocks of r
+    queries, each against the 2r − 1 keys its block can reach, in dense matrix products."""
     tx.check_qkv(q, k, v)
     tx.check_window(r=r)
     (n, d), half, blocks = q.shape, r // 2, -(-q.shape[0] // r)   # ⌈n / r⌉ blocks of r queries
@@ -1473,7 +1473,9 @@ def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, 
 
     Timed with `time_call`, which waits for a GPU to finish before it reads the clock. Each time
     is the median of its runs, or with statistic="q1" their lower quartile: on a machine shared
-    with other programs, the runs they interrupt are the slow ones, and they move a median."""
+    with other programs, the runs they interrupt are the slow ones, and they move a median.
+    Besides the times: each version's rate (its counted matrix-product FLOPs ÷ its time), the
+    share of its FLOP saving over the mask that a version keeps as time, and the runs timed."""
     if statistic not in ("q1", "median"):
         raise ValueError(f"statistic must be 'q1' or 'median', got {statistic!r}")
     rows = {}
@@ -1481,13 +1483,90 @@ def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, 
         for n in ns:
             q, k, v = (t.to(device) for t in _qkv(n, d, seed))
             mask = window_mask(n, r, device)
-            masked = time_call(attention_core, q, k, v, mask, min_time=min_time)[statistic]
-            banded = time_call(banded_attention, q, k, v, r, min_time=min_time)[statistic]
-            blocked = time_call(blocked_attention, q, k, v, r, min_time=min_time)[statistic]
-            rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
-                       "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r),
-                       "blocked ms": 1e3 * blocked, "blocked time ratio": masked / blocked,
-                       "blocked FLOP ratio": masked_flops(n, d) / blocked_flops(n, d, r)}
+            masked = time_call(attention_core, q, k, v, mask, min_time=min_time)
+            banded = time_call(banded_attention, q, k, v, r, min_time=min_time)
+            blocked = time_call(blocked_attention, q, k, v, r, min_time=min_time)
+            t_masked, t_banded, t_blocked = (t[statistic] for t in (masked, banded, blocked))
+            f_masked, f_banded, f_blocked = masked_flops(n, d), banded_flops(n, d, r), blocked_flops(n, d, r)
+            rows[n] = {"masked ms": 1e3 * t_masked, "banded ms": 1e3 * t_banded, "time ratio": t_masked / t_banded,
+                       "FLOP ratio": f_masked / f_banded,
+                       "saving kept": (t_masked / t_banded) / (f_masked / f_banded),     # time ratio ÷ FLOP ratio
+                       "blocked ms": 1e3 * t_blocked, "blocked time ratio": t_masked / t_blocked,
+                       "blocked FLOP ratio": f_masked / f_blocked,
+                       "blocked saving kept": (t_masked / t_blocked) / (f_masked / f_blocked),
+                       "masked GFLOP/s": f_masked / t_masked / 1e9,                  # product FLOPs a second
+                       "banded GFLOP/s": f_banded / t_banded / 1e9,
+                       "blocked GFLOP/s": f_blocked / t_blocked / 1e9,
+                       "fewest runs": min(t["runs"] for t in (masked, banded, blocked)),
+                       "most runs": max(t["runs"] for t in (masked, banded, blocked))}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    return table
+
+
+def score_table_bytes(n: int, bytes_per_number: int = 4) -> dict[str, int]:
+    """Bytes of the masked version's n × n tables: the scores (single precision) and the boolean mask."""
+    check_positive(n=n, bytes_per_number=bytes_per_number)
+    return {"scores": n * n * bytes_per_number,   # one number per (query, key) pair
+            "mask": n * n}                        # one byte per pair (torch.bool)
+
+
+def largest_cache_bytes() -> int | None:
+    """The size of this CPU's largest cache in bytes, as the operating system reports it (Linux
+    sysfs, macOS sysctl); None where it says nothing. One instance: on most CPUs the last-level
+    cache is shared by the cores, and this book times one thread."""
+    import re
+    import subprocess
+
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        found = re.fullmatch(r"(\d+)([KMG]?)", entry.read_text().strip())
+        if found:
+            sizes.append(int(found[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[found[2]])
+    if not sizes and sys.platform == "darwin":
+        for name in ("hw.l3cachesize", "hw.l2cachesize"):
+            done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True)
+            if done.returncode == 0 and done.stdout.strip().isdigit():
+                sizes.append(int(done.stdout.strip()))
+    return max(sizes) if sizes else None
+
+
+def aten_ops(fn: Callable, *args, **kwargs) -> list[str]:
+    """The names of the ATen operations that fn(*args, **kwargs) runs, in order: which kernel ran."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)      # e.g. "mm", "_safe_softmax"
+            return func(*args, **(kwargs or {}))
+
+    with Log() as log:
+        fn(*args, **kwargs)
+    return log.ops
+
+
+def causal_time_table(ns: Iterable[int] = (256, 4096), d: int = 64, seed: int = 0, device: str = "cpu",
+                      min_time: float = 0.1, statistic: str = "q1") -> pd.DataFrame:
+    """Wall time of F.scaled_dot_product_attention on (1, 1, n, d) inputs: with no mask, with
+    is_causal=True, and with the same causal triangle as a boolean mask (milliseconds)."""
+    if statistic not in ("q1", "median"):
+        raise ValueError(f"statistic must be 'q1' or 'median', got {statistic!r}")
+    rows = {}
+    with torch.no_grad():
+        for n in ns:
+            q, k, v = (t.to(device)[None, None] for t in _qkv(n, d, seed))   # one sequence, one head
+            triangle = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            calls = {"no mask ms": {}, "is_causal ms": {"is_causal": True}, "boolean mask ms": {"attn_mask": triangle}}
+            row = {name: 1e3 * time_call(lambda q, k, v, kw=kw: F.scaled_dot_product_attention(q, k, v, **kw),
+                                         q, k, v, min_time=min_time)[statistic]     # tensors: a GPU is waited for
+                   for name, kw in calls.items()}
+            row["no mask ÷ is_causal"] = row["no mask ms"] / row["is_causal ms"]
+            row["no mask ÷ boolean mask"] = row["no mask ms"] / row["boolean mask ms"]
+            rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
@@ -1534,7 +1613,8 @@ def global_pairs(n: int, window: int, n_global: int) -> int:
 
 
 def trade_table(n: int = 8192, d: int = 512, rs: Iterable[int] = (3, 17, 65, 257, 1025, 4097)) -> pd.DataFrame:
-    """Table 1's trade for restricted attention: work r·n·d against layers to connect 1 and n."""
+    """Table 1's trade for restricted attention: work r·n·d (one of the layer's two products, Table 1's
+    term, projections not counted) against layers to connect 1 and n, and their product ÷ n²d."""
     check_positive(n=n, d=d)
     rows = {}
     for r in rs:
@@ -1544,6 +1624,8 @@ def trade_table(n: int = 8192, d: int = 512, rs: Iterable[int] = (3, 17, 65, 257
             "work / full n²d": count_restricted(n, d, r) / (n * n * d),
             "layers to connect": math.ceil((n - 1) / (r // 2)),   # r // 2 positions further per layer
         }
+        rows[r]["work × layers / n²d"] = (rows[r]["work r·n·d"] * rows[r]["layers to connect"]
+                                          / (n * n * d))            # about 2 for large r: 2(n − 1)/(r − 1) layers
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "window r"
     return table

@@ -98,6 +98,44 @@ def test_time_table_has_positive_times():
     table = tx.time_table(ns=(32,), d=8, r=5, min_time=0)
     assert (table[["masked ms", "banded ms", "blocked ms"]] > 0).all().all()
     assert table.loc[32, "blocked FLOP ratio"] == tx.masked_flops(32, 8) / tx.blocked_flops(32, 8, 5)
+    row = table.loc[32]
+    assert math.isclose(row["saving kept"], row["time ratio"] / row["FLOP ratio"])
+    assert math.isclose(row["blocked saving kept"], row["blocked time ratio"] / row["blocked FLOP ratio"])
+    assert math.isclose(row["masked GFLOP/s"], tx.masked_flops(32, 8) / (row["masked ms"] / 1e3) / 1e9)
+    assert math.isclose(row["banded GFLOP/s"], tx.banded_flops(32, 8, 5) / (row["banded ms"] / 1e3) / 1e9)
+    assert 3 <= row["fewest runs"] <= row["most runs"] <= 15        # time_call's default bounds
+
+
+def test_causal_time_table_columns():
+    table = tx.causal_time_table(ns=(16, 40), d=8, min_time=0)
+    assert list(table.index) == [16, 40]
+    assert (table[["no mask ms", "is_causal ms", "boolean mask ms"]] > 0).all().all()
+    row = table.loc[40]
+    assert math.isclose(row["no mask ÷ is_causal"], row["no mask ms"] / row["is_causal ms"])
+
+
+def test_aten_ops_names_the_kernel():
+    """A 4-D SDPA call on CPU is one fused operation; plain matrix products are listed as mm."""
+    q = torch.randn(1, 1, 8, 4)
+    assert len(tx.aten_ops(F.scaled_dot_product_attention, q, q, q, is_causal=True)) == 1
+    a = torch.randn(3, 3)
+    assert tx.aten_ops(lambda x: x @ x @ x, a) == ["mm", "mm"]
+
+
+def test_score_table_bytes_and_cache():
+    assert tx.score_table_bytes(4096) == {"scores": 64 * 2**20, "mask": 16 * 2**20}
+    cache = tx.largest_cache_bytes()
+    assert cache is None or (isinstance(cache, int) and cache > 0)
+
+
+def test_trade_table_product_tends_to_two():
+    """Work × layers ÷ n²d: r·⌈(n − 1)/⌊r/2⌋⌉ / n, which falls towards 2 as r grows."""
+    n, d = 8192, 512
+    table = tx.trade_table(n=n, d=d, rs=(3, 17, 1025, 4097))
+    for r, row in table.iterrows():
+        assert math.isclose(row["work × layers / n²d"], r * math.ceil((n - 1) / (r // 2)) / n)
+    assert table["work × layers / n²d"].is_monotonic_decreasing
+    assert abs(table.loc[4097, "work × layers / n²d"] - 2) < 0.01
 
 
 def brute_pairs(n, window, n_global):
@@ -182,6 +220,8 @@ def test_trade_table_layers_by_search():
     (lambda: tx.trade_table(n=8, d=2, rs=(4,)), "r"),
     (lambda: tx.time_call(print, min_runs=0), "min_runs"),
     (lambda: tx.time_table(ns=(8,), d=2, r=3, statistic="mean"), "statistic"),
+    (lambda: tx.causal_time_table(ns=(8,), d=2, statistic="mean"), "statistic"),
+    (lambda: tx.score_table_bytes(0), "n"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=re.escape(argument)):
