@@ -2126,7 +2126,8 @@ def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = Exa
                      expand: int = 2, conv: int = 4) -> pd.DataFrame:
     """FLOPs for one more token with every weight counted (2 a weight a token meets): one attention
     layer with its four projections against one Mamba mixer with its own, and the example model
-    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept)."""
+    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept:
+    a hypothetical model, not Mamba's own, which has no feed-forward layers)."""
     d, layers = model.width, model.layers
     projections = 4 * d * d                                              # W_Q, W_K, W_V, W_O
     mixer = mamba_mixer_weights(d, expand, model.state_per_channel, conv)
@@ -2138,8 +2139,9 @@ def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = Exa
         rows[n] = {"attention layer": attention_layer, "Mamba mixer": mixer_layer,
                    "layer ratio": attention_layer / mixer_layer,
                    "attention model": 2 * model.parameters + decode_attention_flops(n, model),
-                   "state-space model": 2 * (model.parameters + layers * (mixer - projections)) + layers * scan}
-        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["state-space model"]
+                   "attention swapped for mixers": (2 * (model.parameters + layers * (mixer - projections))
+                                                    + layers * scan)}
+        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["attention swapped for mixers"]
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "tokens"
     return table
