@@ -1702,8 +1702,9 @@ def greedy_decode(net, prompt: torch.Tensor, new_tokens: int, use_cache: bool = 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int = 128):
     """attention_core for one block of `tile` queries at a time against blocks of `tile` keys, with
-    a running softmax (FlashAttention's loop): no n × n grid. Returns the output and the bytes it
-    reads from and writes to main memory (q, k, v and the output), block by block."""
+    a running softmax (FlashAttention-2's forward loop, query blocks outside): no n × n grid.
+    Returns the output and the bytes it reads from and writes to main memory (q, k, v and the
+    output), block by block; it keeps no log-sum-exp, which only a backward pass would need."""
     tx.check_qkv(q, k, v)
     tx.check_positive(tile=tile)
     out, moved = torch.empty_like(q), 0
@@ -1770,9 +1771,29 @@ def prefill_flops(n: int, model: ExampleModel = ExampleModel()) -> float:
     return 2 * (weights + pairs)
 
 
+def prefill_ridge_tokens(model: ExampleModel = ExampleModel(),
+                         accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
+    """The shortest prompt whose one wide pass does the accelerator's FLOPs per byte, counting the
+    bytes of the weights (read once) and of the cache it writes: about n FLOPs a byte of weights at
+    2 bytes a number, so about the accelerator's ratio in tokens. Shorter prompts wait on memory.
+    Attention's own bytes are left out: this holds for a tiled kernel, which moves few of them."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second   # FLOPs per byte it can do
+    reaches = lambda n: prefill_flops(n, model) >= ratio * (model.weight_bytes + kv_cache_bytes(n, model))  # noqa: E731
+    n = 1
+    while not reaches(n):          # intensity grows with n: the first n that reaches the ratio
+        n *= 2
+    low, high = n // 2, n          # reaches(high); not reaches(low) unless low is 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches(middle) else (middle, high)
+    return high if low == 0 or not reaches(low) else low
+
+
 def prefill_seconds(n: int, model: ExampleModel = ExampleModel(),
                     accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
-    """Time to read an n-token prompt: arithmetic sets it, the whole prompt is one wide pass."""
+    """Time to read an n-token prompt if arithmetic sets it: the whole prompt is one wide pass.
+    That holds past prefill_ridge_tokens and with a tiled attention kernel (a plain one moves its
+    n × n grids through main memory and waits on them instead)."""
     return prefill_flops(n, model) / accelerator.flops_per_second
 
 
@@ -1929,19 +1950,24 @@ def sharing_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAcce
 
 def kv_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
              tokens: Iterable[int] = (2048, 8192, 32768, 131072), window: int = 1024) -> pd.DataFrame:
-    """For each context length: cache, a window's cache, conversations that fit, decode time."""
+    """For each context length: cache, a window's cache (the window's last `window` tokens), the
+    conversations that fit beside the weights, and the decode time of one conversation alone
+    (NA where not even one conversation of that length fits)."""
     rows = {}
     for n in tokens:
+        fit = conversations_that_fit(n, model, accelerator)
+        alone = decode_seconds(n, model, accelerator) if fit else None   # None: it does not fit
         rows[n] = {
             "cache MiB": kv_cache_bytes(n, model) / MIB,
             f"window {window:,} MiB": kv_cache_bytes(n, model, window) / MIB,
-            "conversations": conversations_that_fit(n, model, accelerator),
-            "ms a token": 1e3 * decode_seconds(n, model, accelerator),
-            "tokens a second": 1 / decode_seconds(n, model, accelerator),
+            "conversations": fit,
+            "ms a token, one conversation alone": None if alone is None else 1e3 * alone,
+            "tokens a second, one conversation alone": None if alone is None else 1 / alone,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "context"
-    return table
+    timed = [c for c in table.columns if c.endswith("one conversation alone")]
+    return table.astype({c: "Float64" for c in timed})
 
 
 @cli_table("Part 6 · the example model's cache in a 24 GiB, 1 TB/s accelerator")
@@ -2048,7 +2074,7 @@ def cache_check(model: ExampleModel, lengths: Iterable[int] = (5, 17, 40), windo
         with torch.no_grad():
             cache = model_cache(net(ids, use_cache=True))
         kept = None if window is None else window - 1
-        rows.append({"kv heads": model.kv_heads, "window": window or 0, "tokens": n,
+        rows.append({"kv heads": model.kv_heads, "window": "none" if window is None else window, "tokens": n,
                      "kept": cached_tokens(cache), "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
                      "formula bytes": kv_cache_bytes(n, model, kept)})
     table = pd.DataFrame(rows)
@@ -2101,6 +2127,7 @@ class ReaderModel(ExampleModel):
 def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
     """`python scripts/tx_part4.py kv --layers 32 …`: Part 6's tables for a reader's own model."""
     import argparse
+    from dataclasses import replace
 
     default, accel = ExampleModel(), ExampleAccelerator()
     parser = argparse.ArgumentParser(prog="tx_part4.py kv", description="KV cache, decode time and "
@@ -2113,7 +2140,8 @@ def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
     parser.add_argument("--bytes", type=int, default=default.bytes_per_number, help="bytes a number")
     parser.add_argument("--vocabulary", type=int, default=default.vocabulary)
     parser.add_argument("--parameters", type=float, help="your model's weight count, e.g. 8.03e9 "
-                        "(default: 12·width² a layer plus a tied vocabulary, as the example model)")
+                        "(default: an estimate, 12·width² a layer less the smaller K and V projections "
+                        "of shared heads, plus a tied vocabulary)")
     parser.add_argument("--memory-gib", type=float, default=accel.memory_bytes / GIB)
     parser.add_argument("--tb-per-second", type=float, default=accel.bytes_per_second / 1e12)
     parser.add_argument("--window", type=int, default=1024)
@@ -2122,21 +2150,22 @@ def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
     try:
         if args.parameters is not None:
             check_positive(parameters=int(args.parameters))
-        model = ReaderModel(layers=args.layers, width=args.heads * args.head_size, heads=args.heads,
-                            head_size=args.head_size, bytes_per_number=args.bytes,
-                            vocabulary=args.vocabulary, kv_heads=args.kv_heads or args.heads,
-                            weight_count=None if args.parameters is None else int(args.parameters))
+        shape = ExampleModel(layers=args.layers, width=args.heads * args.head_size, heads=args.heads,
+                             head_size=args.head_size, bytes_per_number=args.bytes,
+                             vocabulary=args.vocabulary, kv_heads=args.kv_heads or args.heads)
+        model = (with_grouped_projections(shape) if args.parameters is None     # the estimate
+                 else replace(with_grouped_projections(shape), weight_count=int(args.parameters)))
         accelerator = ExampleAccelerator(memory_bytes=int(args.memory_gib * GIB),
                                          bytes_per_second=args.tb_per_second * 1e12)
         cache_memory(model, accelerator)
         check_positive(window=args.window, **{f"tokens[{i}]": n for i, n in enumerate(args.tokens)})
     except ValueError as error:
         parser.error(str(error))
+    estimated = "" if args.parameters else " (estimated: 12·width² a layer, smaller K and V for shared heads)"
     title = (f"Part 6 · {model.layers} layers, {model.heads} heads ({model.kv_heads} with keys and values) "
              f"of {model.head_size}, {model.bytes_per_number} bytes a number: "
-             f"{kv_bytes_per_token(model) / KIB:,.2f} KiB a token; {model.parameters:,} weights"
-             f"{'' if args.parameters else ' (12·width² a layer)'}; {max_context(model, accelerator):,} tokens fit in "
-             f"{args.memory_gib:g} GiB")
+             f"{kv_bytes_per_token(model) / KIB:,.2f} KiB a token; {model.parameters:,} weights{estimated}; "
+             f"{max_context(model, accelerator):,} tokens fit in {args.memory_gib:g} GiB")
     return [(title, kv_table(model, accelerator, args.tokens, args.window))]
 
 
@@ -2255,7 +2284,8 @@ def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = Exa
                      expand: int = 2, conv: int = 4) -> pd.DataFrame:
     """FLOPs for one more token with every weight counted (2 a weight a token meets): one attention
     layer with its four projections against one Mamba mixer with its own, and the example model
-    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept)."""
+    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept:
+    a hypothetical model, not Mamba's own, which has no feed-forward layers)."""
     d, layers = model.width, model.layers
     projections = 4 * d * d                                              # W_Q, W_K, W_V, W_O
     mixer = mamba_mixer_weights(d, expand, model.state_per_channel, conv)
@@ -2267,8 +2297,9 @@ def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = Exa
         rows[n] = {"attention layer": attention_layer, "Mamba mixer": mixer_layer,
                    "layer ratio": attention_layer / mixer_layer,
                    "attention model": 2 * model.parameters + decode_attention_flops(n, model),
-                   "state-space model": 2 * (model.parameters + layers * (mixer - projections)) + layers * scan}
-        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["state-space model"]
+                   "attention swapped for mixers": (2 * (model.parameters + layers * (mixer - projections))
+                                                    + layers * scan)}
+        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["attention swapped for mixers"]
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "tokens"
     return table

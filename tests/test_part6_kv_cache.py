@@ -219,6 +219,41 @@ def test_cli_prints_a_table_for_another_model(capsys):
     assert "kv_heads" in capsys.readouterr().err
 
 
+def test_cli_estimate_removes_the_smaller_kv_projections_and_marks_what_does_not_fit(capsys):
+    """Without --parameters the weights are 12·width² a layer less the smaller W_K and W_V (as
+    with_grouped_projections counts them); a length where no conversation fits has no decode time."""
+    tx.main(["kv", "--layers", "32", "--heads", "32", "--kv-heads", "8", "--head-size", "128",
+             "--tokens", "2048", "131072"])
+    out = capsys.readouterr().out
+    full = tx.ExampleModel(layers=32, width=4096, heads=32, head_size=128, kv_heads=8)
+    assert f"{full.parameters - tx.kv_projection_saving(full):,} weights" in out
+    shrunk = tx.with_grouped_projections(full)
+    table = tx.kv_table(shrunk, tokens=(2048, 131072))
+    assert table.loc[131072, "conversations"] == 0
+    assert table["ms a token, one conversation alone"].isna().tolist() == [False, True]
+    assert table["tokens a second, one conversation alone"].isna().tolist() == [False, True]
+    assert table.loc[2048, "ms a token, one conversation alone"] == 1e3 * tx.decode_seconds(2048, shrunk)
+
+
+def test_prefill_ridge_tokens_by_counting_up():
+    """The first prompt length whose FLOPs reach the accelerator's ratio over the bytes of the
+    weights and the cache it writes, found by trying every length."""
+    for model, accelerator in ((tx.ExampleModel(), tx.ExampleAccelerator()),
+                               (replace(tx.ExampleModel(), kv_heads=1, bytes_per_number=1),
+                                tx.ExampleAccelerator(flops_per_second=3e14))):
+        ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+        n = 1
+        while tx.prefill_flops(n, model) < ratio * (model.weight_bytes + tx.kv_cache_bytes(n, model)):
+            n += 1
+        assert tx.prefill_ridge_tokens(model, accelerator) == n
+    assert tx.prefill_ridge_tokens() == 101
+
+
+def test_cache_table_says_none_for_no_window():
+    table = tx.cache_table(TINY, {"full": (8, None), "window": (2, 5)}, lengths=(3,))
+    assert table["window"].tolist() == ["none", 5]
+
+
 @pytest.mark.parametrize("call,argument", [
     (lambda: tx.kv_cache_bytes(-1), "tokens"),
     (lambda: tx.kv_cache_bytes(5, window=0), "window"),

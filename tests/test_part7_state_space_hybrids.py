@@ -144,6 +144,22 @@ def test_scan_loop_and_associative_take_any_rate(n):
     assert torch.allclose(tx.scan_loop(a, b), brute_force_scan(a, b), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("n", (1, 2, 5, 64, 1024))
+def test_doubling_scan_does_n_log_n_joins_the_loop_n_steps(n):
+    """Part 7's scan_ops: the loop does a multiply and an add a step; the doubling scan joins every
+    position in each of its ⌈log₂ n⌉ rounds, 2 multiplies and an add a join."""
+    a, b = torch.full((1, n), 0.9, dtype=torch.float64), torch.ones(1, n, dtype=torch.float64)
+    rounds = math.ceil(math.log2(n)) if n > 1 else 0
+    assert tx.count_elementwise(tx.scan_loop, a, b) == 2 * n
+    assert tx.count_elementwise(tx.scan_associative, a, b) == 3 * n * rounds
+
+
+def test_scan_log_space_handles_negative_inputs_with_a_complex_log():
+    a, b = tx.selective_inputs(200, 3, seed=1)
+    assert bool((b < 0).any())
+    assert torch.allclose(tx.scan_log_space(a, b), tx.scan_loop(a, b), atol=1e-10)
+
+
 def test_running_summary_is_scan_loop_on_plain_numbers():
     inputs, rates = [0.3, -1.0, 2.0, 0.5], [0.9, 0.5, 1.0, 0.0]
     want = tx.scan_loop(torch.tensor(rates, dtype=torch.float64), torch.tensor(inputs, dtype=torch.float64))
@@ -216,7 +232,7 @@ def test_end_to_end_table_adds_the_projections():
     assert table["Mamba mixer"].nunique() == 1                     # the same at every length
     assert table.loc[1024, "layer ratio"] < 1 < table.loc[8192, "layer ratio"]
     swapped = model.parameters + model.layers * (tx.mamba_mixer_weights(d) - 4 * d * d)
-    assert table.loc[1024, "state-space model"] == 2 * swapped + model.layers * 4 * 2 * d * 16
+    assert table.loc[1024, "attention swapped for mixers"] == 2 * swapped + model.layers * 4 * 2 * d * 16
 
 
 def test_real_mamba_cache_is_constant_and_matches_formula():
