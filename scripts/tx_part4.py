@@ -624,7 +624,7 @@ def graph_depth(t: torch.Tensor) -> int:
 
 def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
                          Wv: torch.Tensor) -> torch.Tensor:
-    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
+    """Self-attention without its output projection W^O, one head: the three projections, then the core. x: (n, d)."""
     return tx.attention_core(x @ Wq, x @ Wk, x @ Wv)   # queries, keys, values: three large products
 
 
@@ -645,12 +645,13 @@ def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.
 
 def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
     """Time the same n·d² multiply-adds two ways: one product x U, and the n-step chain
-    h ← tanh(x_i + h U). Milliseconds (median), and their ratio."""
+    h ← tanh(x_i + h U). Milliseconds, each the median of its timed runs after a warm-up run
+    (a chain of 50 ms or more is timed once), and their ratio."""
     with torch.no_grad():
-        product = tx.time_call(torch.matmul, x, U)["median"]           # every position at once
-        chain = tx.time_call(recurrent_chain, x, U, min_runs=1, warmup=False)["median"]   # n in a row
+        product = tx.time_call(torch.matmul, x, U)["median"]               # every position at once
+        chain = tx.time_call(recurrent_chain, x, U, min_runs=1)["median"]  # n in a row
     return {"product ms": 1e3 * product, "chain ms": 1e3 * chain,
-            "chain / product": chain / product}                        # the price of waiting
+            "chain / product": chain / product}                            # the price of waiting
 
 
 def forward_passes(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> tuple[int, torch.Tensor]:
@@ -756,8 +757,9 @@ def wall_time_table(ns: Iterable[int] = (16, 64, 256, 1024, 4096), d: int = 512,
                     device: str = "cpu", min_time: float = 0.05) -> pd.DataFrame:
     """Milliseconds for one self-attention step (with projections) and one recurrent loop.
 
-    Median of several runs after a warm-up, with the spread between the quartiles (q3 - q1).
-    The attention step is a few large products; the loop is n small steps, one after another.
+    Median of several runs after a warm-up, the first and third quartiles (q1, q3) and the
+    spread between them (q3 - q1). The attention step is a few large products (one head, no
+    output projection); the loop is x W at once, then n small steps, one after another.
     """
     check_positive(d=d)
     Wq, Wk, Wv, W, U = random_weights(5, d, seed, device=device)
@@ -774,7 +776,9 @@ def wall_time_table(ns: Iterable[int] = (16, 64, 256, 1024, 4096), d: int = 512,
                        "attention runs": attention["runs"],
                        "loop ms": 1e3 * loop["median"],
                        "loop spread ms": 1e3 * (loop["q3"] - loop["q1"]),
-                       "loop runs": loop["runs"]}
+                       "loop runs": loop["runs"],
+                       "attention q1 ms": 1e3 * attention["q1"], "attention q3 ms": 1e3 * attention["q3"],
+                       "loop q1 ms": 1e3 * loop["q1"], "loop q3 ms": 1e3 * loop["q3"]}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
@@ -827,7 +831,8 @@ def recorded_tables(record: dict = RECORDED_H200) -> tuple[pd.DataFrame, pd.Data
     names = {"gpu": "GPU", "cpu16": f"{record['cpu_threads']} threads", "cpu1": "1 thread"}
     wall = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["wall_time"].items()}
                          for where in ("gpu", "cpu16", "cpu1") for i, what in enumerate(("attention ms", "loop ms"))})
-    waiting = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["waiting_isolated"].items()}
+    isolated = record["waiting_isolated"]
+    waiting = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in isolated.items()}
                             for where in ("gpu", "cpu16") for i, what in enumerate(("product ms", "chain ms"))})
     for where in ("gpu", "cpu16"):
         name = names[where]

@@ -127,6 +127,11 @@ def test_wall_time_table_shape():
     assert list(table.index) == [4, 8]
     assert (table[["attention ms", "loop ms"]] > 0).all().all()
     assert (table[["attention runs", "loop runs"]] >= 3).all().all()
+    for name in ("attention", "loop"):                 # the quartiles the figure draws, and the spread
+        assert (table[f"{name} q1 ms"] <= table[f"{name} ms"]).all()
+        assert (table[f"{name} ms"] <= table[f"{name} q3 ms"]).all()
+        spread = table[f"{name} q3 ms"] - table[f"{name} q1 ms"]
+        assert ((spread - table[f"{name} spread ms"]).abs() < 1e-9).all()
 
 
 def test_waiting_arithmetic_against_repeated_addition():
@@ -192,6 +197,20 @@ def test_price_of_waiting_times_both_ways():
     price = tx.price_of_waiting(x, U)
     assert price["product ms"] > 0 and price["chain ms"] > 0
     assert math.isclose(price["chain / product"], price["chain ms"] / price["product ms"])
+
+
+def test_price_of_waiting_warms_up_both_ways(monkeypatch):
+    """The product and the chain each get a warm-up run before the runs that are timed."""
+    seen = []
+    real = tx.time_call
+
+    def spy(fn, *args, **options):
+        seen.append(options.get("warmup", True))
+        return real(fn, *args, **options)
+
+    monkeypatch.setattr(tx, "time_call", spy)
+    tx.price_of_waiting(torch.randn(4, 8), tx.random_weights(1, 8)[0])
+    assert seen == [True, True]
 
 
 def test_restricted_attention_depth_is_the_same_at_every_length():
