@@ -1222,6 +1222,24 @@ def jacobian_norms(fn, x: torch.Tensor) -> torch.Tensor:
     jacobian = torch.func.jacrev(fn)(x)              # (outputs, n, d): autograd, every output at once
     return jacobian.pow(2).sum(dim=(0, 2)).sqrt()    # square, add over the outputs and x_i's numbers
 
+
+def lstm_steps(lstm: torch.nn.LSTM, x: torch.Tensor, cell_path_only: bool = False):
+    """nn.LSTM's recurrence, one step after another, with its weights. Returns h_n and the (n, hidden)
+    forget gates. cell_path_only detaches h_(t-1) where it enters the gates: a gradient can then
+    reach an earlier step only along the cell, c_t = f_t ⊙ c_(t-1) + i_t ⊙ g_t."""
+    bias = lstm.bias_ih_l0 + lstm.bias_hh_l0                 # PyTorch adds its two bias vectors
+    h = c = x.new_zeros(lstm.hidden_size)                    # memory and cell before the first step
+    forget = []
+    for x_t in x:                                            # one step after another
+        h_in = h.detach() if cell_path_only else h           # cut the paths through h_(t-1), or not
+        z = x_t @ lstm.weight_ih_l0.T + h_in @ lstm.weight_hh_l0.T + bias   # the four gates' inputs
+        i, f, g, o = z.chunk(4)                              # PyTorch's order: input, forget, cell, output
+        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()   # gates in (0, 1), g in (−1, 1)
+        c = f * c + i * g                                    # keep a share of the cell, add the new part
+        h = o * c.tanh()                                     # the memory: a gated read of the cell
+        forget.append(f)
+    return h, torch.stack(forget)
+
 # ── end of the cells saved from notebooks/04_gradients.md ──
 
 
@@ -1253,33 +1271,73 @@ def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
     return gradient_by_distance(n, d, seeds).loc[list(rows)]
 
 
-def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
-                     forget_biases: Iterable[float | None] = (None, 1.0, 3.0)) -> pd.DataFrame:
-    """|d out_n / d x_i| for a real nn.LSTM (random weights), mean over seeds, one column per
-    forget-gate bias.
+def seeded_lstm(d: int, seed: int, forget_bias: float | None = None) -> torch.nn.LSTM:
+    """A one-layer torch.nn.LSTM of width d, with PyTorch's random initialisation drawn from `seed`.
 
-    None keeps PyTorch's initialisation: every weight and bias uniform in ±1/√d, so the forget
-    gate starts near sigmoid(0) = 0.5. A number b sets the forget gate's bias (b_ih = b, b_hh = 0),
-    so that the gate starts near sigmoid(b). The output is the last hidden state h_n; network s
-    draws its weights from seed s and its inputs from seed 10,000 + s, as gradient_by_distance does.
+    PyTorch draws every weight and both bias vectors, b_ih and b_hh, uniformly in ±1/√d (d, the
+    hidden size) and adds the two biases. A number `forget_bias` sets the forget gate's slice of
+    b_ih to it and that of b_hh to 0, so that the gate's bias is exactly forget_bias; None keeps
+    PyTorch's draw (a sum of two, near 0).
+    """
+    check_positive(d=d)
+    torch.manual_seed(seed)
+    lstm = torch.nn.LSTM(d, d)
+    if forget_bias is not None:
+        with torch.no_grad():                                   # PyTorch's gate order: i, f, g, o
+            lstm.bias_ih_l0[d:2 * d] = forget_bias
+            lstm.bias_hh_l0[d:2 * d] = 0.0
+    return lstm
+
+
+def lstm_inputs(n: int, d: int, seed: int) -> torch.Tensor:
+    """The (n, d) inputs of network `seed`, standard normal, drawn from seed 10,000 + seed."""
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+
+
+def _lstm_column(bias: float | None, cell_path_only: bool = False) -> str:
+    """The column name of one forget-gate setting."""
+    name = "PyTorch default" if bias is None else f"forget bias {bias:g}"
+    return f"{name}, cell path only" if cell_path_only else name
+
+
+def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
+                     forget_biases: Iterable[float | None] = (None, 1.0, 3.0),
+                     cell_path_only: bool = False) -> pd.DataFrame:
+    """|d out_n / d x_i| for a real nn.LSTM (random weights), mean over seeds, one column per
+    forget-gate bias (see seeded_lstm: None is PyTorch's own initialisation).
+
+    The output is the last hidden state h_n; network s draws its weights from seed s and its inputs
+    from seed 10,000 + s, as gradient_by_distance does. The network runs through lstm_steps, its
+    recurrence written out (the same h_n as the fused module, and the same gradients: the tests
+    check both; jacrev through the fused module was several times slower on the CPUs tried). cell_path_only
+    detaches h_(t-1) where it enters the gates: only the path along the cell is left.
     """
     check_positive(n=n, d=d, seeds=seeds)
     columns = {}
     for bias in forget_biases:
         total = torch.zeros(n, dtype=torch.float64)
         for seed in range(seeds):
-            torch.manual_seed(seed)
-            lstm = torch.nn.LSTM(d, d)
-            if bias is not None:
-                with torch.no_grad():                           # PyTorch's gate order: i, f, g, o
-                    lstm.bias_ih_l0[d:2 * d] = bias
-                    lstm.bias_hh_l0[d:2 * d] = 0.0
-            x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
-            total += jacobian_norms(lambda x: lstm(x)[0][-1], x).detach().double() / seeds
-        columns["PyTorch default" if bias is None else f"forget bias {bias:g}"] = total.numpy()
+            lstm, x = seeded_lstm(d, seed, bias), lstm_inputs(n, d, seed)
+            last = lambda x: lstm_steps(lstm, x, cell_path_only)[0]   # noqa: E731  (h_n)
+            total += jacobian_norms(last, x).detach().double() / seeds
+        columns[_lstm_column(bias, cell_path_only)] = total.numpy()
     table = pd.DataFrame(columns)
     table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
     return table.sort_index()
+
+
+def lstm_forget_gates(n: int = 50, d: int = 64, seeds: int = 3,
+                      forget_biases: Iterable[float | None] = (None, 1.0, 3.0)) -> pd.Series:
+    """The mean forget gate f_t of the networks lstm_by_distance measures, over every step, unit
+    and network, one value per forget-gate bias."""
+    check_positive(n=n, d=d, seeds=seeds)
+    means = {}
+    for bias in forget_biases:
+        with torch.no_grad():
+            gates = [lstm_steps(seeded_lstm(d, seed, bias), lstm_inputs(n, d, seed))[1].mean().item()
+                     for seed in range(seeds)]
+        means[_lstm_column(bias)] = sum(gates) / seeds
+    return pd.Series(means, name="mean forget gate")
 
 
 def orders_of_magnitude(values: Iterable[float]) -> float:
@@ -1315,8 +1373,9 @@ def encoder_gradients(model, tokenizer, text: str, probes: int = 32, seed: int =
 
     out_last is the encoder's final vector at the last word-piece before [SEP]; x_i is the
     word-piece vector that enters the model at position i (the model adds its position).
-    The Frobenius norm of each Jacobian block is estimated from `probes` random directions v:
-    the mean of |vᵀ J_i|² is |J_i|² (seeded, so two runs agree).
+    The Frobenius norm of each Jacobian block is estimated from `probes` random directions v with
+    independent standard-normal entries (E[v vᵀ] = I), for which the expected |vᵀ J_i|² is |J_i|²
+    (seeded, so two runs agree). The full Jacobian would take one backward pass per output number.
     """
     check_positive(probes=probes)
     encoded = tokenizer(text, return_tensors="pt")

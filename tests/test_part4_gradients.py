@@ -158,3 +158,68 @@ def test_a_forget_bias_near_one_keeps_the_gradient_and_the_default_does_not():
     assert table.loc[29, "PyTorch default"] < 1e-4 * table.loc[0, "PyTorch default"]
     with pytest.raises(ValueError, match="seeds"):
         tx.lstm_by_distance(seeds=0)
+
+
+@pytest.mark.parametrize("bias", [None, 3.0])
+def test_lstm_steps_is_nn_lstm(bias):
+    lstm = tx.seeded_lstm(6, seed=2, forget_bias=bias).double()
+    x = torch.randn(9, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    h, forget = tx.lstm_steps(lstm, x)
+    assert torch.allclose(h, lstm(x)[0][-1], rtol=1e-12, atol=1e-12)
+    first = torch.sigmoid(x[0] @ lstm.weight_ih_l0[6:12].T + lstm.bias_ih_l0[6:12] + lstm.bias_hh_l0[6:12])
+    assert forget.shape == (9, 6) and torch.allclose(forget[0], first)   # h_0 = 0: the gate of x_1 alone
+    h_cut, forget_cut = tx.lstm_steps(lstm, x, cell_path_only=True)
+    assert torch.equal(h_cut, h) and torch.equal(forget_cut, forget)      # detaching changes no value
+
+
+def test_seeded_lstm_sets_one_forget_bias_and_keeps_the_rest():
+    default, biased = tx.seeded_lstm(4, seed=5), tx.seeded_lstm(4, seed=5, forget_bias=2.5)
+    assert torch.equal(biased.bias_ih_l0[4:8], torch.full((4,), 2.5))
+    assert torch.equal(biased.bias_hh_l0[4:8], torch.zeros(4))
+    for name in ("weight_ih_l0", "weight_hh_l0"):
+        assert torch.equal(getattr(default, name), getattr(biased, name))
+    keep = torch.ones(16, dtype=torch.bool)
+    keep[4:8] = False                                                    # every slice but the forget gate's
+    assert torch.equal(default.bias_ih_l0[keep], biased.bias_ih_l0[keep])
+    assert bool((default.bias_ih_l0.abs() <= 0.5).all())                # uniform in ±1/√4
+
+
+def test_cell_path_only_is_the_product_of_forget_gates():
+    """With h_(t-1) cut, d h_n / d x_i = diag(o_n tanh'(c_n)) · Π_(t>i) diag(f_t) · d c_i / d x_i."""
+    n, d = 7, 3
+    lstm = tx.seeded_lstm(d, seed=1, forget_bias=1.0).double()
+    x = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    W, b = lstm.weight_ih_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0
+    h, c, gates, cells = torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64), [], []
+    with torch.no_grad():
+        for x_t in x:                                    # the forward pass, by hand
+            z = x_t @ W.T + h @ lstm.weight_hh_l0.T + b
+            i, f, g, o = z[:d].sigmoid(), z[d:2 * d].sigmoid(), z[2 * d:3 * d].tanh(), z[3 * d:].sigmoid()
+            gates.append((i, f, g, o, c))                # c here is c_(t-1)
+            c = f * c + i * g
+            h = o * c.tanh()
+            cells.append(c)
+    expected = torch.zeros(n, dtype=torch.float64)
+    for k in range(n - 1):                               # every input but the last (its o_n path is cut too)
+        i, f, g, o, c_before = gates[k]
+        dc_dx = ((c_before * f * (1 - f))[:, None] * W[d:2 * d] + (g * i * (1 - i))[:, None] * W[:d]
+                 + (i * (1 - g ** 2))[:, None] * W[2 * d:3 * d])
+        carry = torch.stack([gates[t][1] for t in range(k + 1, n)]).prod(dim=0)
+        o_n = gates[-1][3]
+        expected[k] = ((o_n * (1 - cells[-1].tanh() ** 2) * carry)[:, None] * dc_dx).pow(2).sum().sqrt()
+    found = tx.jacobian_norms(lambda x: tx.lstm_steps(lstm, x, cell_path_only=True)[0], x)
+    assert torch.allclose(found[:-1], expected[:-1], rtol=1e-10)
+
+
+def test_lstm_by_distance_cell_path_and_forget_gates():
+    table = tx.lstm_by_distance(n=8, d=4, seeds=2, forget_biases=(3.0,), cell_path_only=True)
+    assert list(table.columns) == ["forget bias 3, cell path only"]
+    mean = torch.zeros(8, dtype=torch.float64)
+    for seed in range(2):
+        lstm, x = tx.seeded_lstm(4, seed, 3.0), tx.lstm_inputs(8, 4, seed)
+        mean += norms_by_backward_loop(lambda x: tx.lstm_steps(lstm, x, cell_path_only=True)[0], x) / 2
+    assert torch.allclose(torch.tensor(table.iloc[:, 0].values[::-1].copy()), mean, rtol=1e-5)
+    gates = tx.lstm_forget_gates(n=8, d=4, seeds=2, forget_biases=(None, 50.0))
+    assert 0.3 < gates["PyTorch default"] < 0.7 and gates["forget bias 50"] > 0.999999
+    with pytest.raises(ValueError, match="seeds"):
+        tx.lstm_forget_gates(seeds=0)
