@@ -1996,12 +1996,18 @@ def prompt_cache(model, n: int, seed: int = 0):
         return model_cache(model(ids, use_cache=True))
 
 
+def _states(held) -> list:
+    """A Mamba cache layer's states as a list: transformers 5.14+ keeps a dict of tensors, 5.5 to
+    5.13 one tensor (whose own `.values()` is for sparse tensors and fails)."""
+    return list(held.values()) if isinstance(held, dict) else [held]
+
+
 def cache_layer_bytes(cache) -> list[tuple[str, int]]:
     """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors."""
     rows = []
     for layer in cache.layers:
         if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
-            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
+            held = _states(layer.conv_states) + _states(layer.recurrent_states)
             rows.append(("mamba", tensor_bytes(held)))
         else:                                        # an attention layer: every key and value
             rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
