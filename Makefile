@@ -22,8 +22,9 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 book: env
 	$(BIN)/python scripts/book.py build
 
-## test: install if needed, run the test suite
+## test: install if needed, lint scripts/ and tests/, run the test suite
 test: env
+	$(BIN)/ruff check scripts tests
 	$(BIN)/python -m pytest
 
 ## env: create .venv with the pinned packages and the book's helpers (only when missing or pins changed)
@@ -75,9 +76,17 @@ html: env
 tables: env
 	$(BIN)/python scripts/tx_part4.py
 
-## lab: open the notebooks in JupyterLab
+## lab: open the notebooks in JupyterLab (the repository is its root; --allow-root: containers
+## and CI run as root, where Jupyter refuses to start without it; for anyone else it changes nothing)
+LAB_ARGS ?=
 lab: env
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --allow-root --ServerApp.root_dir="$(CURDIR)" \
+		--FileContentsManager.preferred_dir=notebooks $(LAB_ARGS)
+
+.PHONY: pdf
+## pdf: the book as one PDF, _build/pdf/why-self-attention.pdf, from the notebooks `make book` executed
+pdf: env
+	$(BIN)/python scripts/pdf.py
 
 ## serve: serve the built site on http://localhost:8000
 serve:
@@ -85,4 +94,4 @@ serve:
 
 ## clean: remove the build (keeps .venv)
 clean:
-	rm -rf _build book/ledger.md
+	rm -rf _build book/ledger.md book/exercises.md

@@ -1,12 +1,15 @@
 """The book's build tool: pairs, execution, the number check, the ledger, the HTML site.
 
     python scripts/book.py build          everything `make book` does, in order
-    python scripts/book.py check-sync     every notebooks/*.md has an in-sync .ipynb without outputs
-    python scripts/book.py sync           rewrite the .ipynb (and the Colab cell) from the .md
+    python scripts/book.py check-sync     every notebooks/*.md has an in-sync .ipynb without outputs, and
+                                          its cells marked #@save stand unchanged in tx_part4.py
+    python scripts/book.py sync           rewrite the .ipynb (and the Colab cell) from the .md, and
+                                          tx_part4.py's saved blocks from the cells marked #@save
     python scripts/book.py execute        execute every notebook, in parallel, into a fresh cache
     python scripts/book.py check-numbers  compare the glued numbers with numbers.toml
     python scripts/book.py numbers        accept the glued numbers into numbers.toml, show the diff
     python scripts/book.py ledger         write book/ledger.md from numbers.toml and the build
+    python scripts/book.py exercises      write book/exercises.md, every exercise of every part
     python scripts/book.py html           render the site from the cache, warnings as errors
 
 Every failure exits non-zero with a message that names the notebook, the cell or the key.
@@ -41,8 +44,22 @@ BUILD = Path(os.environ.get("BOOK_BUILD_DIR") or ROOT / "_build")   # `make comp
 CACHE = BUILD / ".jupyter_cache"
 TIMES = BUILD / "execution_times.json"
 READER = {"name": "myst_nb_md", "type": "plugin"}   # the reader myst-nb itself uses for .md
-GLUE_PREFIX = "application/papermill.record/"
-KINDS = ("exact", "close", "seeded", "measured")
+MODULE = ROOT / "scripts" / "tx_part4.py"
+
+
+def module_constant(name: str):
+    """A constant of tx_part4.py, read from its source: the build shares the helpers' constants
+    without importing them (importing tx_part4 imports torch, seconds on every build command)."""
+    tree = ast.parse(MODULE.read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return ast.literal_eval(node.value)
+    raise KeyError(f"{rel(MODULE)} defines no constant {name}")
+
+
+GLUE_PREFIX = module_constant("GLUE_PREFIX")           # where myst-nb keeps a glued value
+KINDS = module_constant("KINDS")                       # exact, close, seeded, measured, recorded
 DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}        # relative tolerance when numbers.toml gives none
 TIMEOUT = 300                                        # seconds a cell may run before the build fails
 BUDGET_NOTEBOOK = 20.0                               # seconds one notebook should take (warned, not failed)
@@ -83,12 +100,16 @@ def notebook_sources() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.md"))
 
 
-def repository_url() -> str:
-    """The repository named in _config.yml: the one place the Colab cell and buttons read it."""
+def book_config() -> dict:
+    """_config.yml, read once for the build and the tests."""
     import yaml
 
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    return config["repository"]["url"]
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+
+
+def repository_url() -> str:
+    """The repository named in _config.yml: the one place the Colab cell and buttons read it."""
+    return book_config()["repository"]["url"]
 
 
 def colab_cell() -> str:
@@ -159,6 +180,7 @@ def check_sync() -> None:
     if problems:
         fail("notebook pairs out of sync:\n  " + "\n  ".join(problems))
     print(f"pairs: {len(sources)} notebooks in sync, no outputs")
+    check_saved()
 
 
 def sync() -> None:
@@ -184,6 +206,131 @@ def sync() -> None:
         jupytext.write(notebook, md, fmt="md:myst")
         ipynb.write_text(ipynb_text(md), encoding="utf-8")
         print(f"{rel(md)} -> {ipynb.name}")
+    sync_saved()
+
+
+# ── saved cells: one source for a notebook's mechanisms and the module ─────────────────────
+
+SAVE_MARK = "#@save"                                  # d2l's mark: the first line of a saved cell
+#: Top-level statements a saved cell may hold: definitions only, nothing that runs or prints.
+SAVABLE = (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+
+
+def block_begin(page: str) -> str:
+    """The line that opens a notebook's block in tx_part4.py."""
+    return f"# ── saved from notebooks/{page}.md by `make sync` (cells marked {SAVE_MARK}): edit them there ──"
+
+
+def block_end(page: str) -> str:
+    """The line that closes a notebook's block in tx_part4.py."""
+    return f"# ── end of the cells saved from notebooks/{page}.md ──"
+
+
+def saved_cells(md: Path) -> list[str]:
+    """The code cells of a notebook marked #@save, without the mark; each may only define things."""
+    cells = []
+    for cell in read_md(md).cells:
+        lines = cell.source.splitlines()
+        if cell.cell_type != "code" or not lines or lines[0].strip() != SAVE_MARK:
+            continue
+        code = "\n".join(lines[1:]).strip("\n")
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as error:
+            fail(f"{rel(md)}: a cell marked {SAVE_MARK} is not valid Python: {error}")
+        for node in tree.body:
+            docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            if not (isinstance(node, SAVABLE) or docstring):
+                fail(f"{rel(md)}: a cell marked {SAVE_MARK} may only define functions, classes and "
+                     f"constants; line {node.lineno} of the cell is a {type(node).__name__}: "
+                     f"{ast.get_source_segment(code, node).splitlines()[0]!r}")
+        cells.append(code)
+    return cells
+
+
+def saved_block(md: Path) -> str | None:
+    """The block tx_part4.py must hold for a notebook, or None if it saves nothing."""
+    cells = saved_cells(md)
+    if not cells:
+        return None
+    body = "\n\n\n".join(cells)
+    return f"{block_begin(md.stem)}\n\n{body}\n\n{block_end(md.stem)}"
+
+
+def module_blocks(text: str) -> dict[str, str]:
+    """Every saved block in the module's text, by notebook stem."""
+    pattern = re.compile(r"^# ── saved from notebooks/(?P<page>[\w-]+)\.md\b.*?^# ── end of the cells "
+                         r"saved from notebooks/(?P=page)\.md ──$", re.S | re.M)
+    return {m["page"]: m[0] for m in pattern.finditer(text)}
+
+
+def definitions(code: str) -> dict[str, str]:
+    """Each top-level name a block defines, with its source (a block that does not parse: {})."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return {}
+    found = {}
+    for node in tree.body:
+        names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                 [t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
+                  if isinstance(t, ast.Name)])
+        for name in names:
+            found[name] = ast.get_source_segment(code, node)
+    return found
+
+
+def check_saved(module: Path = MODULE) -> None:
+    """Every notebook's saved cells stand, character for character, in tx_part4.py.
+
+    Fails naming each function or class that differs: the cell a reader edits and the module
+    the later parts import must never silently disagree."""
+    text = module.read_text(encoding="utf-8")
+    blocks = module_blocks(text)
+    problems = [f"{rel(module)} holds {count} blocks for notebooks/{page}.md: keep one"
+                for page in blocks if (count := text.count(f"# ── saved from notebooks/{page}.md")) > 1]
+    for md in notebook_sources():
+        want, have = saved_block(md), blocks.pop(md.stem, None)
+        if want == have:
+            continue
+        if want is None:
+            problems.append(f"{rel(module)} holds a block for {rel(md)}, which saves no cell")
+            continue
+        if have is None:
+            problems.append(f"{rel(module)} has no block for {rel(md)}'s saved cells")
+            continue
+        cell_defs, module_defs = definitions(want), definitions(have)
+        names = sorted({name for name in cell_defs.keys() | module_defs.keys()
+                        if cell_defs.get(name) != module_defs.get(name)})
+        what = ", ".join(f"`{name}`" for name in names) or "the order or spacing of its cells"
+        problems.append(f"{rel(md)} and {rel(module)} disagree on {what}")
+    problems += [f"{rel(module)} holds a block for notebooks/{page}.md, which does not exist"
+                 for page in blocks]
+    if problems:
+        fail("saved cells and the module differ (run `make sync`, which writes the module "
+             "from the notebooks):\n  " + "\n  ".join(problems))
+    print(f"saved cells: {sum(1 for md in notebook_sources() if saved_block(md))} notebooks' "
+          f"mechanisms stand unchanged in {rel(module)}")
+
+
+def sync_saved(module: Path = MODULE) -> None:
+    """Write each notebook's saved cells into its block of tx_part4.py (a new block goes before
+    the command line section)."""
+    text = module.read_text(encoding="utf-8")
+    blocks = module_blocks(text)
+    for md in notebook_sources():
+        want, have = saved_block(md), blocks.get(md.stem)
+        if want == have:
+            continue
+        if have is not None:
+            text = text.replace(have, want or "")
+        elif want is not None:
+            marker = "# Command line"
+            at = text.index(marker)
+            at = text.rindex("\n# ═", 0, at) + 1
+            text = text[:at] + want + "\n\n\n" + text[at:]
+        print(f"{rel(module)}: block of {rel(md)} rewritten")
+    module.write_text(text, encoding="utf-8")
 
 
 # ── execution ─────────────────────────────────────────────────────────────────────────────
@@ -191,8 +338,8 @@ def sync() -> None:
 
 def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     """Execute one notebook in a temporary folder; return (path, seconds, error, notebook)."""
-    from jupyter_cache.readers import get_reader
     from jupyter_cache.executors.utils import single_nb_execution
+    from jupyter_cache.readers import get_reader
 
     notebook = get_reader(READER)(path)
     # The kernel inherits this environment: with MPLBACKEND=Agg (common in CI) plt.show() draws
@@ -325,7 +472,7 @@ def glued_values(only: list[str] | None = None) -> dict[str, dict[str, Glued]]:
 
 
 def load_expected(path: Path = NUMBERS) -> dict[str, dict[str, dict]]:
-    """numbers.toml: {page: {key: {kind, value, tol?, seed?, meaning?}}}."""
+    """numbers.toml: {page: {key: {kind, value, tol?, published?, meaning?}}}."""
     if not path.exists():
         return {}
     data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -359,15 +506,16 @@ def dump_expected(data: dict[str, dict[str, dict]]) -> str:
         "# The expected value of every number the book glues: one line per key, one table per page.",
         "# kind: exact (counts) | close (floats, relative tol) | seeded (random but seeded, tol)",
         "#       | measured (machine-dependent: only checked to be a number; relations are glued",
-        "#         as booleans of kind exact). seed: the value the seed articles publish, if any.",
-        "# Update with `make numbers`, which shows the diff. meaning/seed/kind/tol are kept.",
+        "#         as booleans of kind exact) | recorded (from a committed GPU record: checked to be a",
+        "#         number). published: the value the companion articles print, if any.",
+        "# Update with `make numbers`, which shows the diff. meaning/published/kind/tol are kept.",
     ]
     for page in sorted(data):
         lines.append("")
         lines.append(f"[{toml_key(page)}]")
         for key, entry in data[page].items():
             fields = ", ".join(f"{name} = {toml_value(entry[name])}"
-                               for name in ("kind", "value", "tol", "seed", "meaning")
+                               for name in ("kind", "value", "tol", "published", "meaning")
                                if entry.get(name) is not None)
             lines.append(f"{toml_key(key)} = {{ {fields} }}")
     return "\n".join(lines) + "\n"
@@ -393,14 +541,14 @@ def significant(text: str) -> int:
     return max(1, len(mantissa.rstrip("0")) if "." not in text else len(mantissa))
 
 
-def agrees_with_seed(value, seed) -> bool:
-    """Does the built value, rounded as the seed article rounds it, give the published number?"""
-    if isinstance(seed, bool) or isinstance(seed, str) or isinstance(value, (bool, str)):
-        return value == seed
-    if isinstance(seed, int) and isinstance(value, int):
-        return value == seed
-    digits = significant(repr(seed))
-    return float(f"{float(value):.{digits}g}") == float(f"{float(seed):.{digits}g}")
+def agrees_with_published(value, published) -> bool:
+    """Does the built value, rounded as the companion article rounds it, give the printed number?"""
+    if isinstance(published, (bool, str)) or isinstance(value, (bool, str)):
+        return value == published
+    if isinstance(published, int) and isinstance(value, int):
+        return value == published
+    digits = significant(repr(published))
+    return float(f"{float(value):.{digits}g}") == float(f"{float(published):.{digits}g}")
 
 
 def is_number(value) -> bool:
@@ -413,9 +561,9 @@ def compare_one(page: str, key: str, entry: dict, value) -> Problem | None:
     """Check one glued value against its expectation."""
     kind, expected = entry["kind"], entry.get("value")
     problem = lambda reason: Problem(page, key, kind, expected, value, reason)  # noqa: E731
-    if kind == "measured":
+    if kind in ("measured", "recorded"):
         if not is_number(value):
-            return problem("a measured value must be a finite number")
+            return problem(f"a {kind} value must be a finite number")
         return None
     if kind == "exact":
         if type(value) is not type(expected) or value != expected:
@@ -426,9 +574,9 @@ def compare_one(page: str, key: str, entry: dict, value) -> Problem | None:
         tol = entry.get("tol") or DEFAULT_TOL[kind]
         if not math.isclose(value, expected, rel_tol=tol, abs_tol=tol * 1e-12):
             return problem(f"drifted beyond rel. tol {tol:g}")
-    seed = entry.get("seed")
-    if seed is not None and kind in ("exact", "close") and not agrees_with_seed(value, seed):
-        return Problem(page, key, kind, seed, value, "disagrees with the seed articles")
+    published = entry.get("published")
+    if published is not None and kind in ("exact", "close") and not agrees_with_published(value, published):
+        return Problem(page, key, kind, published, value, "disagrees with the companion articles")
     return None
 
 
@@ -459,7 +607,7 @@ def fmt(value) -> str:
     """A value as the drift table shows it."""
     if value is None:
         return "—"
-    if isinstance(value, bool) or isinstance(value, str):
+    if isinstance(value, (bool, str)):
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
@@ -493,7 +641,7 @@ def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> N
 
 
 def accept_numbers(only: list[str] | None = None) -> None:
-    """Write the build's glued values into numbers.toml, keeping kinds, seeds and meanings."""
+    """Write the build's glued values into numbers.toml, keeping kinds, published values and meanings."""
     old = load_expected()
     new: dict[str, dict[str, dict]] = {page: keys for page, keys in old.items()
                                        if only and page not in only}
@@ -533,7 +681,7 @@ def inline_html(text: str) -> str:
 
 
 LEDGER_COLUMNS = (("key", "left"), ("meaning", "left"), ("kind", "left"), ("tolerance", "right"),
-                  ("seeds publish", "right"), ("this build", "right"), ("status", "left"))
+                  ("published", "right"), ("this build", "right"), ("status", "left"))
 
 
 def ledger_table(rows: list[list[str]]) -> list[str]:
@@ -553,19 +701,22 @@ def ledger_table(rows: list[list[str]]) -> list[str]:
 
 
 def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> str:
-    """The ledger page: every checked number, its meaning, kind, tolerance, seed, build value, status."""
+    """The ledger page: every checked number, its meaning, kind, tolerance, published value, build value,
+    status."""
     problems = {(p.page, p.key): p.reason for p in compare(expected, glued)}
     lines = [
         "# The ledger",
         "",
         "Every number this book checks, one row each. The page is generated by `make book` from",
-        "`numbers.toml` and the notebooks it has just executed; nobody types it. *Seeds publish* is",
-        "the value printed in the seed articles, where they print one. *This build* is the value",
+        "`numbers.toml` and the notebooks it has just executed; nobody types it. *Published* is",
+        "the value printed in the companion articles, where they print one. *This build* is the value",
         "the notebook glued in this build. *Status* is the number check's verdict.",
         "",
         "Kinds: **exact** must match to the last digit; **close** and **seeded** within the",
         "relative tolerance shown; **measured** values come from this machine's clock and are only",
-        "checked to be numbers, while the relations between them are checked as exact booleans.",
+        "checked to be numbers, while the relations between them are checked as exact booleans;",
+        "**recorded** values come from a committed measurement made on another machine (a GPU),",
+        "labelled on the page with its device and date, and are checked to be there.",
     ]
     for page in sorted(expected):
         rows = []
@@ -575,7 +726,7 @@ def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str,
             have = glued.get(page, {}).get(key)
             status = problems.get((page, key), "ok")
             rows.append([f"`{key}`", entry.get("meaning") or default_meaning(key), kind,
-                         f"{tol:g}" if tol else "—", fmt(entry.get("seed")),
+                         f"{tol:g}" if tol else "—", fmt(entry.get("published")),
                          fmt(have.value if have else None),
                          "✅ ok" if status == "ok" else f"❌ {status}"])
         lines += ["", f"## [{page}](../notebooks/{page}.md)", "", *ledger_table(rows)]
@@ -587,6 +738,41 @@ def write_ledger(glued: dict | None = None) -> None:
     glued = glued if glued is not None else glued_values()
     LEDGER.write_text(ledger_text(load_expected(), glued), encoding="utf-8")
     print(f"ledger: {rel(LEDGER)} written")
+
+
+# ── the exercises page ───────────────────────────────────────────────────────────────────
+
+EXERCISES = ROOT / "book" / "exercises.md"
+EXERCISE = re.compile(r"^```\{exercise\}\s*(?P<title>.*?)\s*\n:label:\s*(?P<label>\S+)", re.M)
+
+
+def exercises(md: Path) -> list[tuple[str, str]]:
+    """(label, title) of every exercise of a notebook, in page order."""
+    return [(m["label"], m["title"]) for m in EXERCISE.finditer(md.read_text(encoding="utf-8"))]
+
+
+def exercises_text() -> str:
+    """The exercises page: every exercise of every part, linked, with the number of each."""
+    lines = ["# Exercises", "",
+             "Every part ends with exercises. Each solution runs when the book is built, and every",
+             "number it prints is checked like the rest of the book (the keys that start with `ex_`",
+             "in the [ledger](ledger.md)). On the pages the solutions are collapsed: try first.", ""]
+    for md in notebook_sources():
+        found = exercises(md)
+        if not found:
+            continue
+        title = next((line[2:].strip() for line in md.read_text(encoding="utf-8").splitlines()
+                      if line.startswith("# ")), md.stem)
+        lines += [f"## [{title}](../notebooks/{md.stem}.md)", ""]
+        lines += [f"{i}. {{ref}}`{label}`" for i, (label, _) in enumerate(found, 1)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_exercises() -> None:
+    """Write book/exercises.md from the notebooks' exercise directives."""
+    EXERCISES.write_text(exercises_text(), encoding="utf-8")
+    print(f"exercises: {rel(EXERCISES)} written")
 
 
 # ── the site ──────────────────────────────────────────────────────────────────────────────
@@ -633,6 +819,7 @@ def build() -> None:
     glued: dict[str, dict[str, Glued]] = {}
     times = execute(glued=glued)    # the executed notebooks' glue: the ledger and the check share it
     write_ledger(glued)
+    write_exercises()
     html()
     check_numbers(glued=glued)
     print("\n".join(budget_report(times, time.perf_counter() - start)))
@@ -643,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; print a clear message and return 1 on a failure."""
     commands = {"build": build, "check-sync": check_sync, "sync": sync, "execute": execute,
                 "check-numbers": check_numbers, "numbers": accept_numbers, "ledger": write_ledger,
-                "html": html}
+                "exercises": write_exercises, "html": html}
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=commands)
     parser.add_argument("pages", nargs="*", help="execute, numbers, check-numbers: only these "

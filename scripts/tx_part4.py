@@ -39,7 +39,7 @@ tx = sys.modules[__name__]
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 #: The kinds of number the book checks (see numbers.toml and scripts/book.py).
-KINDS = ("exact", "close", "seeded", "measured")
+KINDS = ("exact", "close", "seeded", "measured", "recorded")
 
 #: myst-nb stores a glued value under this mime prefix, so that it is kept but not displayed.
 GLUE_PREFIX = "application/papermill.record/"
@@ -50,6 +50,42 @@ def check_positive(**sizes: int) -> None:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_nonnegative(**counts: int) -> None:
+    """Raise ValueError naming the first argument that is not a whole number ≥ 0."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+
+
+def check_rate(low_open: bool = False, high_open: bool = False, **rates: float) -> None:
+    """Raise ValueError naming the first rate outside [0, 1] (or (0, 1], [0, 1), (0, 1))."""
+    for name, rate in rates.items():
+        above = rate > 0 if low_open else rate >= 0
+        below = rate < 1 if high_open else rate <= 1
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not (above and below):
+            span = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+            raise ValueError(f"{name} must lie in {span}, got {rate!r}")
+
+
+def check_positive_number(**values: float) -> None:
+    """Raise ValueError naming the first argument that is not a finite number > 0."""
+    for name, value in values.items():
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+                or value <= 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    """Queries (..., n, d), keys and values (..., m, d) of one width, and an optional (n, m) bool mask."""
+    if (q.dim() < 2 or k.shape != v.shape or q.shape[-1] != k.shape[-1]
+            or q.shape[:-2] != k.shape[:-2]):
+        raise ValueError(f"q, k, v must be (..., n, d), (..., m, d), (..., m, d) tensors, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != (q.shape[-2], k.shape[-2])):
+        raise ValueError(f"mask must be ({q.shape[-2]}, {k.shape[-2]}) booleans, got "
+                         f"{tuple(mask.shape)} {mask.dtype}")
 
 
 def plain(value):
@@ -126,7 +162,8 @@ def record(values: dict | None = None, /, *, kind: str | None = None, tol: float
     done = {}
     for key, value in values.items():
         value = plain(value)
-        done[key] = show(key, value, "{:,.6g}" if isinstance(value, float) else "{:,}", kind, tol)
+        fmt = "{:,.6g}" if isinstance(value, float) else "{}" if isinstance(value, str) else "{:,}"
+        done[key] = show(key, value, fmt, kind, tol)
     return done
 
 
@@ -278,6 +315,24 @@ class ExampleAccelerator:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
+# ── saved from notebooks/01_costs.md by `make sync` (cells marked #@save): edit them there ──
+
+def mixes_positions(module: torch.nn.Module, args: tuple, kwargs: dict, position: int = 0) -> bool:
+    """Does `module` mix positions? Change its input at one position (args[0]: batch, n, ...),
+    run it again, and compare its output at every other position."""
+    x = args[0]
+    changed = x.clone()
+    if x.is_floating_point():
+        changed[:, position] += 1.0                           # a different vector at `position`
+    else:
+        changed[:, position] = (x[:, position] + 1) % 100     # a different token id at `position`
+    with torch.no_grad():
+        before = tx.first_output(module(*args, **kwargs))
+        after = tx.first_output(module(changed, *args[1:], **kwargs))
+    others = torch.arange(x.shape[1]) != position             # every position but the changed one
+    return not torch.equal(before[:, others], after[:, others])
+
+
 class AttentionCount(NamedTuple):
     """Multiply-adds of one self-attention layer, one head, split by where they come from."""
     scores: int       # Q Kᵀ
@@ -290,15 +345,9 @@ class AttentionCount(NamedTuple):
         return self.scores + self.mix
 
 
-class RecurrentCount(NamedTuple):
-    """Multiply-adds of one recurrent layer h_t = tanh(x_t W + h_(t-1) U)."""
-    chain: int   # h_(t-1) U: the product that must wait for the previous step
-    input: int   # x_t W: the product that can be done for all positions at once
-
-
 def count_self_attention(n: int, d: int) -> AttentionCount:
     """Multiply-adds of one self-attention layer of n positions and width d, from the shapes."""
-    check_positive(n=n, d=d)
+    tx.check_positive(n=n, d=d)
     return AttentionCount(
         scores=n * n * d,           # Q Kᵀ: n × n dot products of d numbers
         mix=n * n * d,              # weights V: n rows, each a sum of n value vectors of d numbers
@@ -306,13 +355,35 @@ def count_self_attention(n: int, d: int) -> AttentionCount:
     )
 
 
+class RecurrentCount(NamedTuple):
+    """Multiply-adds of one recurrent layer h_t = tanh(x_t W + h_(t-1) U)."""
+    chain: int   # h_(t-1) U: the product that must wait for the previous step
+    input: int   # x_t W: the product that can be done for all positions at once
+
+
 def count_recurrent(n: int, d: int) -> RecurrentCount:
     """Multiply-adds of one recurrent layer of n positions and width d, from the shapes."""
-    check_positive(n=n, d=d)
+    tx.check_positive(n=n, d=d)
     return RecurrentCount(
         chain=n * d * d,   # h U: one d × d product per position, one after another
         input=n * d * d,   # x W: one d × d product per position, all at once
     )
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention: scores, softmax, mix. q (..., n, d); k, v (..., m, d).
+
+    `mask` (n, m) is False where a query may not look (a window in Part 5, the past in a decoder).
+    """
+    tx.check_qkv(q, k, v, mask)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # (..., n, m): every query, every key
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))       # hidden pairs get weight 0
+    weights = torch.softmax(scores, dim=-1)                     # each row sums to 1
+    return weights @ v                                          # (..., n, d): a mix of the values
+
+# ── end of the cells saved from notebooks/01_costs.md ──
 
 
 def count_conv(n: int, d: int, k: int) -> int:
@@ -351,25 +422,6 @@ def flops(fn: Callable, *args) -> int:
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         fn(*args)
     return counter.get_total_flops()
-
-
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The part of self-attention that Table 1 counts: scores, softmax, mix. q, k, v: (n, d)."""
-    if q.dim() != 2 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    scores = q @ k.T / math.sqrt(q.shape[1])   # (n, n): every query against every key
-    return torch.softmax(scores, dim=-1) @ v   # (n, d): each row a weighted mix of the values
-
-
-def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
-    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
-        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
-    h = xw.new_zeros(xw.shape[1])
-    for t in range(xw.shape[0]):       # h_t needs h_(t-1): the steps cannot run at the same time
-        h = torch.tanh(xw[t] + h @ U)
-    return h
 
 
 def measured_counts(n: int = 27, d: int = 512, k: int = 3, seed: int = 0) -> pd.DataFrame:
@@ -425,14 +477,14 @@ def hand_check(n: int, d: int) -> dict[str, int]:
     }
 
 
-def pair_work(n: int, model: ExampleModel = ExampleModel()) -> float:
+def count_pairs(n: int, model: ExampleModel = ExampleModel()) -> float:
     """Multiply-adds on pairs of positions in one causal layer of the example model."""
     check_positive(n=n)
     causal_pairs = n * n / 2                   # each position compares itself with those before it
     return causal_pairs * 2 * model.width      # a score and a mix, each over the full width
 
 
-def weight_work(n: int, model: ExampleModel = ExampleModel()) -> int:
+def count_weights(n: int, model: ExampleModel = ExampleModel()) -> int:
     """Multiply-adds with the weights in one layer of the example model."""
     check_positive(n=n)
     return n * model.weights_per_layer         # every position meets every weight once
@@ -445,15 +497,15 @@ def crossing_length(model: ExampleModel = ExampleModel()) -> int:
 
 def pair_share(n: int, model: ExampleModel = ExampleModel()) -> float:
     """The share of one layer's multiply-adds spent on pairs of positions."""
-    pairs = pair_work(n, model)
-    return pairs / (pairs + weight_work(n, model))
+    pairs = count_pairs(n, model)
+    return pairs / (pairs + count_weights(n, model))
 
 
 @cli_table("Part 1 · the example model: work on pairs against work with weights, one layer")
 def share_table(ns: Iterable[int] = (1024, 8192, 12288, 131072),
                 model: ExampleModel = ExampleModel()) -> pd.DataFrame:
     """Pair work, weight work and the pairs' share of a layer, for several lengths."""
-    rows = {n: {"pair work": int(pair_work(n, model)), "weight work": weight_work(n, model),
+    rows = {n: {"pair work": int(count_pairs(n, model)), "weight work": count_weights(n, model),
                 "pairs' share": pair_share(n, model)} for n in ns}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "tokens"
@@ -477,6 +529,38 @@ def load_tokenizer(name_or_dir: str | Path | None = None):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(name_or_dir or minilm_dir()))
+
+
+def first_output(output):
+    """A module's main output: the tensor itself, or the first element of a tuple of outputs."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def module_calls(model: torch.nn.Module, inputs: dict,
+                 under: tuple[str, ...] = ("embeddings", "encoder")) -> dict:
+    """Run `inputs` through `model` once; for every operation under `under`, keep (module, args,
+    kwargs) of its first call. An operation is a module without sub-modules (a linear map, a
+    layer norm, an activation) or a self-attention module, taken whole with its query, key and
+    value maps (its score-and-mix step is not a module of its own)."""
+    calls, hooks = {}, []
+
+    def keep(name):
+        def hook(module, args, kwargs, output):
+            calls.setdefault(name, (module, args, kwargs))   # returns None: the output is left alone
+        return hook
+
+    whole = [name for name, module in model.named_modules() if "SelfAttention" in type(module).__name__]
+    for name, module in model.named_modules():
+        inside = any(name.startswith(f"{outer}.") for outer in whole)   # counted with its attention
+        if name.startswith(under) and not inside and (name in whole or not list(module.children())):
+            hooks.append(module.register_forward_hook(keep(name), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls
 
 
 #: Six English sentences, short to long. Our own choice, not the paper's test set.
@@ -511,39 +595,76 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def _node_depths(root) -> dict:
-    """The depth of every node of an autograd graph under `root`: 1 + the deepest parent.
+# ── saved from notebooks/02_sequential_steps.md by `make sync` (cells marked #@save): edit them there ──
 
-    Iterative (no recursion limit, however long the chain) and remembered (a node that many
-    paths share is measured once: without the memo a lattice of shared nodes explodes).
-    """
-    depth: dict = {}
-    stack = [(root, False)]
+def node_depths(root) -> dict:
+    """The depth of every node of an autograd graph under `root`: 1 + the depth of its deepest parent."""
+    depth, stack = {}, [(root, False)]
     while stack:
         node, parents_done = stack.pop()
-        if node in depth:
+        if node in depth:                                   # measured already: shared by two paths
             continue
-        parents = [p for p, _ in node.next_functions if p is not None]
-        if parents_done:                          # every parent is measured: one link more
+        parents = [p for p, _ in node.next_functions if p is not None]   # the operations it used
+        if parents_done:                                    # every parent measured: one link more
             depth[node] = 1 + max((depth[p] for p in parents), default=0)
-        else:                                     # come back to this node after its parents
+        else:                                               # come back after the parents
             stack.append((node, True))
             stack.extend((p, False) for p in parents if p not in depth)
     return depth
 
 
 def graph_depth(t: torch.Tensor) -> int:
-    """The longest chain of operations in PyTorch's autograd graph, from `t` back to its leaves.
-
-    Operations on one chain must run one after another; operations on different chains may
-    run at the same time. A leaf that requires a gradient counts as one node (its
-    AccumulateGrad); a tensor that no operation made has depth 0.
-    """
+    """The longest chain of operations from `t` back to its leaves: the steps that must wait."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
-    if t.grad_fn is None:
+    if t.grad_fn is None:                                   # no operation made t
         return 0
-    return _node_depths(t.grad_fn)[t.grad_fn]
+    return node_depths(t.grad_fn)[t.grad_fn]
+
+
+def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
+                         Wv: torch.Tensor) -> torch.Tensor:
+    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
+    return tx.attention_core(x @ Wq, x @ Wk, x @ Wv)   # queries, keys, values: three large products
+
+
+def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
+    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
+        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
+    h = xw.new_zeros(xw.shape[1])            # the memory before the first position
+    for t in range(xw.shape[0]):             # step t needs h_(t-1): the steps cannot overlap
+        h = torch.tanh(xw[t] + h @ U)        # this position's input plus the memory, squashed
+    return h
+
+
+def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
+    return recurrent_chain(x @ W, U)         # one large product, then n small ones in a row
+
+
+def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
+    """Time the same n·d² multiply-adds two ways: one product x U, and the n-step chain
+    h ← tanh(x_i + h U). Milliseconds (median), and their ratio."""
+    with torch.no_grad():
+        product = tx.time_call(torch.matmul, x, U)["median"]           # every position at once
+        chain = tx.time_call(recurrent_chain, x, U, min_runs=1, warmup=False)["median"]   # n in a row
+    return {"product ms": 1e3 * product, "chain ms": 1e3 * chain,
+            "chain / product": chain / product}                        # the price of waiting
+
+
+def forward_passes(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> tuple[int, torch.Tensor]:
+    """Write `new_tokens` tokens greedily with transformers' `generate`; count the forward passes."""
+    passes = []
+    hook = model.register_forward_hook(lambda *_: passes.append(1))   # called once per forward pass
+    try:
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, use_cache=use_cache)   # greedy, exactly new_tokens
+    finally:
+        hook.remove()
+    return len(passes), out[0, prompt.shape[1]:]                    # the passes, the written tokens
+
+# ── end of the cells saved from notebooks/02_sequential_steps.md ──
 
 
 def longest_chain(t: torch.Tensor) -> list[str]:
@@ -552,24 +673,13 @@ def longest_chain(t: torch.Tensor) -> list[str]:
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
     if t.grad_fn is None:
         return []
-    depth = _node_depths(t.grad_fn)
+    depth = node_depths(t.grad_fn)
     node, names = t.grad_fn, []
     while node is not None:
         names.append(type(node).__name__)
         parents = [p for p, _ in node.next_functions if p is not None]
         node = max(parents, key=depth.__getitem__, default=None)   # a deepest parent
     return names
-
-
-def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
-                         Wv: torch.Tensor) -> torch.Tensor:
-    """A whole self-attention layer, one head: the three projections, then the core. x: (n, d)."""
-    return attention_core(x @ Wq, x @ Wk, x @ Wv)
-
-
-def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
-    return recurrent_chain(x @ W, U)
 
 
 def random_weights(count: int, d: int, seed: int = 0, requires_grad: bool = False,
@@ -600,14 +710,16 @@ def depth_table(ns: Iterable[int] = (4, 16, 64, 256), d: int = 64, seed: int = 0
 
 
 def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
-              min_time: float = 0.05) -> dict[str, float]:
+              min_time: float = 0.05, warmup: bool = True) -> dict[str, float]:
     """Wall time of fn(*args): one warm-up run, then timed runs; seconds.
 
     Runs at least `min_runs` times and until `min_time` seconds have passed (at most
     `max_runs`). Like torch.utils.benchmark, it switches off the garbage collector while it
     times and waits for a GPU to finish its work before it reads the clock (its own harness,
     because the Timer of torch.utils.benchmark repeats every timed run twice as a warm-up,
-    which triples the cost of the slow cases). Returns the median, the quartiles and the runs.
+    which triples the cost of the slow cases). `warmup=False` counts the first run too: for a
+    long chain of small steps, whose first steps warm it up. Returns the median, the quartiles
+    and the runs.
     """
     import gc
     import timeit
@@ -615,7 +727,8 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
     check_positive(min_runs=min_runs, max_runs=max_runs)
     if not min_time >= 0:
         raise ValueError(f"min_time must be a non-negative number of seconds, got {min_time!r}")
-    wait = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+    wait = torch.cuda.synchronize if on_gpu else (lambda: None)     # a GPU runs asynchronously
 
     def once() -> float:
         wait()                                              # nothing left over from before
@@ -627,9 +740,11 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        warm = once()                                       # warm-up: caches, allocations
-        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(warm, 1e-9))))
-        times = torch.tensor([once() for _ in range(runs)], dtype=torch.float64)
+        first = once()                                      # warm-up: caches, allocations
+        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(first, 1e-9))))
+        timed = [] if warmup else [first]                   # without a warm-up, the first run counts
+        timed += [once() for _ in range(runs - len(timed))]
+        times = torch.tensor(timed, dtype=torch.float64)
     finally:
         if collecting:
             gc.enable()
@@ -672,6 +787,55 @@ def _wall_time_quick() -> pd.DataFrame:
     return wall_time_table(ns=(16, 64, 256, 1024), min_time=0.02)
 
 
+#: A recorded measurement, not made by this build: Part 2's timings on a machine with an NVIDIA
+#: H200 (measurements/h200-2026-11-30.json, the numbers this page needs from the shared record
+#: h200-2026-11-30-gpu.json; tests/test_part2_sequential_steps.py checks that the two agree).
+#: Milliseconds. Wall time: `wall_time_table` as on main that day (commit 9cf1af6), medians.
+#: Waiting isolated: one product x @ U against the chain h = tanh(x_i + h @ U), d = 512;
+#: median of synchronised runs on the GPU, best of several runs on the CPU.
+RECORDED_H200 = {
+    "device": "NVIDIA H200", "torch": "2.11.0+cu130", "transformers": "5.17.0", "cpu_threads": 16,
+    "date": "2026-11-30",
+    "wall_time": {  # n: (attention ms, loop ms) on the GPU, on 16 CPU threads, on 1 CPU thread
+        16: {"gpu": (0.10769900000084931, 0.4868020000010631),
+             "cpu16": (0.12213600000166025, 0.4115339999941625),
+             "cpu1": (0.28086300000040865, 0.38646499999828166)},
+        64: {"gpu": (0.13420499999838853, 1.6838580000033687),
+             "cpu16": (0.24085899999803928, 1.5603099999950132),
+             "cpu1": (0.7550119999990557, 1.379870999997479)},
+        256: {"gpu": (0.10005600000084769, 6.6052770000002425),
+              "cpu16": (0.8266680000019733, 6.16460899999538),
+              "cpu1": (3.6129929999972887, 5.457855000003065)},
+        1024: {"gpu": (0.1586119999998914, 26.762855000001196),
+               "cpu16": (3.825143999996783, 25.08152600000102),
+               "cpu1": (24.43023099999664, 21.839972999998736)},
+        4096: {"gpu": (0.9942229999992946, 102.99601199999842),
+               "cpu16": (53.535874000004924, 95.00936000000593),
+               "cpu1": (350.9490940000006, 86.83493200000214)},
+    },
+    "waiting_isolated": {  # n: (one product ms, chain ms) on the GPU and on 16 CPU threads
+        64: {"gpu": (0.02718800000423016, 1.6422070000032818), "cpu16": (0.061555000002044835, 1.3976729999995996)},
+        256: {"gpu": (0.024447000001259767, 6.427561999998943), "cpu16": (0.15092600000343737, 5.343368000005455)},
+        1024: {"gpu": (0.03630300000168063, 25.552080000004196), "cpu16": (0.4613979999987805, 21.352338999996334)},
+        4096: {"gpu": (0.06528899999835858, 103.9944730000002), "cpu16": (1.7219669999946063, 82.91254699999939)},
+    },
+}
+
+
+def recorded_tables(record: dict = RECORDED_H200) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The recorded wall times and waiting-isolated times as two tables, by n (milliseconds)."""
+    names = {"gpu": "GPU", "cpu16": f"{record['cpu_threads']} threads", "cpu1": "1 thread"}
+    wall = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["wall_time"].items()}
+                         for where in ("gpu", "cpu16", "cpu1") for i, what in enumerate(("attention ms", "loop ms"))})
+    waiting = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["waiting_isolated"].items()}
+                            for where in ("gpu", "cpu16") for i, what in enumerate(("product ms", "chain ms"))})
+    for where in ("gpu", "cpu16"):
+        name = names[where]
+        waiting[f"{name} chain / product"] = waiting[f"{name} chain ms"] / waiting[f"{name} product ms"]
+    wall.index.name = waiting.index.name = "n"
+    return wall, waiting
+
+
 def waiting_time(steps: int, seconds_per_step: float) -> float:
     """Seconds that `steps` steps take when each must wait for the one before."""
     check_positive(steps=steps)
@@ -706,6 +870,8 @@ def time_slots(positions: int, parallel: bool) -> torch.Tensor:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
+# ── saved from notebooks/03_paths.md by `make sync` (cells marked #@save): edit them there ──
+
 def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     """The link table of one layer: links[i, j] is True if output i reads input j directly.
 
@@ -713,7 +879,7 @@ def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     A one-sided kernel of width 3 has offsets (0, -1, -2); dilated by 3, (0, -3, -6);
     attention restricted to r = 5 centred positions has offsets -2 … 2.
     """
-    check_positive(n=n)
+    tx.check_positive(n=n)
     offsets = [int(o) for o in offsets]
     if not offsets:
         raise ValueError("offsets must name at least one offset, got none")
@@ -722,49 +888,103 @@ def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     return torch.isin(j - i, torch.tensor(offsets))
 
 
-def layers_to_connect(n: int, layer_links: Callable[[int], torch.Tensor],
-                      max_layers: int | None = None) -> int | None:
-    """How many stacked layers it takes before the last output depends on the first input.
+def follow(seen: torch.Tensor, offsets: Iterable[int]) -> torch.Tensor:
+    """One layer of the boolean product: output i is reached if an input i + o it reads was.
 
-    `layer_links(L)` gives the (n, n) link table of layer L = 1, 2, …. The dependencies of a
-    stack are the boolean product of its tables: reach = links_L · … · links_1. Only the
-    column of input 1 matters, so the tables are multiplied into that column (the same
-    product, n times less work). Returns None if `max_layers` (default 10 n) do not connect.
-    """
-    check_positive(n=n)
+    Equal to (window_links(n, offsets) @ seen) > 0, without building the n × n table."""
+    n = seen.shape[0]
+    reached = torch.zeros_like(seen)
+    for o in offsets:                               # output i reads input i + o
+        lo, hi = max(0, -o), min(n, n - o)          # the outputs whose input i + o exists
+        if lo < hi:
+            reached[lo:hi] |= seen[lo + o:hi + o]   # True·True = True; a sum is True if any term is
+    return reached
+
+
+def layers_to_connect(n: int, layer_offsets: Callable[[int], Iterable[int]],
+                      max_layers: int | None = None) -> int | None:
+    """How many layers (offsets of layer L: layer_offsets(L)) until output n depends on input 1.
+
+    Returns None if `max_layers` (default 10 n) do not connect."""
+    tx.check_positive(n=n)
     max_layers = 10 * n if max_layers is None else max_layers
-    check_positive(max_layers=max_layers)
-    reach = torch.zeros(n, 1)
-    reach[0, 0] = 1.0                              # before any layer, input 1 reaches position 1
+    tx.check_positive(max_layers=max_layers)
+    seen = torch.zeros(n, dtype=torch.bool)
+    seen[0] = True                                  # before any layer, input 1 reaches position 1
     for L in range(1, max_layers + 1):
-        links = layer_links(L)
-        if links.shape != (n, n):
-            raise ValueError(f"layer_links must give an ({n}, {n}) table, got {tuple(links.shape)}")
-        reach = ((links.float() @ reach) > 0).float()   # True·True = True, True + False = True
-        if reach[n - 1, 0]:                        # output n now depends on input 1
+        seen = follow(seen, layer_offsets(L))       # one more layer of the stack
+        if seen[n - 1]:                             # output n now depends on input 1
             return L
     return None
 
 
-def shortest_route(n: int, layer_links: Callable[[int], torch.Tensor], layers: int) -> list[int]:
+def reach(layers: int, k: int = 3, doubling: bool = False) -> int:
+    """Positions that L stacked one-sided kernels of width k reach: 1 + (k-1)·(sum of dilations).
+
+    Contiguous taps have dilations 1, 1, …, 1; doubling gaps 1, 2, 4, …, 2^(L-1).
+    A causal attention window of w keys is a kernel of width k = w."""
+    tx.check_positive(layers=layers, k=k)
+    dilation_sum = 2 ** layers - 1 if doubling else layers      # 1 + 2 + … + 2^(L-1), or L ones
+    return 1 + (k - 1) * dilation_sum
+
+
+def reach_after(dilations: Iterable[int], k: int = 3) -> list[int]:
+    """Positions that input 1 reaches after each layer of a stack (as many as the last output
+    reads), followed with `follow`: kernels of width k, one dilation per layer."""
+    dilations = [int(dl) for dl in dilations]
+    tx.check_positive(k=k, **{f"dilation {i + 1}": dl for i, dl in enumerate(dilations)})
+    seen = torch.zeros(1 + (k - 1) * sum(dilations), dtype=torch.bool)   # room for the whole reach
+    seen[0] = True                                                       # input 1
+    counts = []
+    for dl in dilations:
+        seen = follow(seen, [-tap * dl for tap in range(k)])   # output i reads i, i - dl, i - 2 dl, …
+        counts.append(int(seen.sum()))
+    return counts
+
+
+def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False,
+               causal: bool = False) -> float:
+    """Shuffle the rows of x: do the outputs of one self-attention layer shuffle the same way?
+
+    Returns max |layer(x[perm]) - layer(x)[perm]|: rounding only, when attention cannot see
+    order. With `positions`, the Transformer's position vectors are added to x first; with
+    `causal`, query i reads only keys 0 … i, as in a decoder."""
+    tx.check_positive(n=n, d=d)
+    Wq, Wk, Wv = tx.random_weights(3, d, seed)                  # one layer with random weights
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(n, d, generator=g)                           # n rows of d numbers
+    perm = torch.randperm(n, generator=g)                        # a shuffle of the rows
+    add = tx.sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # slot i: position i
+    mask = tx.causal_mask(n) if causal else None                 # slot i reads slots 0 … i
+
+    def attend(h):                                               # the layer: projections, then the core
+        return tx.attention_core(h @ Wq, h @ Wk, h @ Wv, mask)
+
+    return (attend(x[perm] + add) - attend(x + add)[perm]).abs().max().item()   # shuffle first, or last
+
+# ── end of the cells saved from notebooks/03_paths.md ──
+
+
+def shortest_route(n: int, layer_offsets: Callable[[int], Iterable[int]], layers: int) -> list[int]:
     """One route from input 1 to output n through `layers` stacked layers: a position per level.
 
-    Level 0 is the input; level L is the output of layer L. The route goes forward with the
-    boolean products of the tables (which positions input 1 has reached), then back from
-    output n, each time to a position that was reached and that the layer reads.
+    Level 0 is the input; level L is the output of layer L. The route goes forward with
+    `follow` (which positions input 1 has reached), then back from output n, each time to a
+    position that was reached and that the layer reads.
     """
     check_positive(n=n, layers=layers)
+    offsets = [[int(o) for o in layer_offsets(L)] for L in range(1, layers + 1)]
     reached = [torch.zeros(n, dtype=torch.bool)]
     reached[0][0] = True                                    # input 1 reaches itself
-    tables = [layer_links(L) for L in range(1, layers + 1)]
-    for links in tables:
-        reached.append((links.float() @ reached[-1].float()) > 0)
+    for layer in offsets:
+        reached.append(follow(reached[-1], layer))
     if not reached[-1][n - 1]:
         raise ValueError(f"layers must be enough to connect input 1 to output {n}, got {layers}")
     route = [n - 1]
     for level in range(layers, 0, -1):                      # from the output back to the input
-        options = torch.nonzero(tables[level - 1][route[-1]] & reached[level - 1]).flatten()
-        route.append(int(options[0]))                       # the earliest position that works
+        options = [route[-1] + o for o in offsets[level - 1]
+                   if 0 <= route[-1] + o < n and reached[level - 1][route[-1] + o]]
+        route.append(min(options))                          # the earliest position that works
     return route[::-1]
 
 
@@ -785,7 +1005,9 @@ def contiguous_offsets(k: int = 3) -> list[int]:
 
 
 def dilated_offsets(layer: int, k: int = 3) -> list[int]:
-    """Layer L of a one-sided dilated stack: the k taps k^(L-1) apart (dilation 1, k, k², …)."""
+    """Layer L of the book's one-sided dilated stack: k taps k^(L-1) apart (dilation 1, k, k², …).
+
+    ByteNet doubles its dilations instead (1, 2, 4, …); with k = 3 tripling leaves no gaps."""
     check_positive(layer=layer, k=k)
     return [-o * k ** (layer - 1) for o in range(k)]
 
@@ -798,21 +1020,24 @@ def centred_offsets(r: int) -> list[int]:
     return list(range(-(r // 2), r // 2 + 1))
 
 
+def every_offset(n: int) -> list[int]:
+    """Self-attention over n positions: output i reads every input, offsets -(n-1) … n-1."""
+    check_positive(n=n)
+    return list(range(-(n - 1), n))
+
+
 @cli_table("Part 3 · Table 1, column 3: layers (or steps) until output n depends on input 1 (k = 3)")
 def path_table(ns: Iterable[int] = (8, 27, 64, 100), k: int = 3, rs: Iterable[int] = (5, 17)) -> pd.DataFrame:
-    """Layers to connect the first and the last position, by boolean products of link tables."""
+    """Layers to connect the first and the last position, following the link tables layer by layer."""
     rows = {}
     for n in ns:
         check_positive(n=n)
-        everything = torch.ones(n, n, dtype=torch.bool)
-        conv = window_links(n, contiguous_offsets(k))
-        row = {"self-attention": layers_to_connect(n, lambda L: everything),   # every query, every key
+        row = {"self-attention": layers_to_connect(n, lambda L: every_offset(n)),   # every query, every key
                "recurrent": recurrent_path(n),
-               f"conv k={k}": layers_to_connect(n, lambda L: conv),
-               f"dilated k={k}": layers_to_connect(n, lambda L: window_links(n, dilated_offsets(L, k)))}
+               f"conv k={k}": layers_to_connect(n, lambda L: contiguous_offsets(k)),
+               f"dilated k={k}": layers_to_connect(n, lambda L: dilated_offsets(L, k))}
         for r in rs:
-            local = window_links(n, centred_offsets(r))
-            row[f"restricted r={r}"] = layers_to_connect(n, lambda L: local)
+            row[f"restricted r={r}"] = layers_to_connect(n, lambda L: centred_offsets(r))
         rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
@@ -840,14 +1065,13 @@ def dilated_layers(n: int, k: int = 3) -> int:
 
 @cli_table("Part 3 · layers a kernel of 3 needs to connect position 1 and position n: tables against formulas")
 def conv_layers_table(ns: Iterable[int] = (10, 27, 100, 512), k: int = 3) -> pd.DataFrame:
-    """Contiguous and dilated layers to connect 1 and n: boolean products and closed formulas."""
+    """Contiguous and dilated layers to connect 1 and n: link tables followed, and closed formulas."""
     rows = {}
     for n in ns:
         check_positive(n=n)
-        conv = window_links(n, contiguous_offsets(k))
-        rows[n] = {"contiguous": layers_to_connect(n, lambda L: conv),
+        rows[n] = {"contiguous": layers_to_connect(n, lambda L: contiguous_offsets(k)),
                    "contiguous formula": contiguous_layers(n - 1, k),
-                   "dilated": layers_to_connect(n, lambda L: window_links(n, dilated_offsets(L, k))),
+                   "dilated": layers_to_connect(n, lambda L: dilated_offsets(L, k)),
                    "dilated formula": dilated_layers(n, k),
                    "self-attention": 1,
                    "recurrent steps": recurrent_path(n)}
@@ -881,44 +1105,19 @@ def conv_stack_gradient(n: int, layers: int, dilated: bool = False, k: int = 3, 
 
 @cli_table("Part 3 · Method 2: real Conv1d stacks (k = 3), n = 27, |d out_27 / d x_1|")
 def conv_stack_table(n: int = 27, k: int = 3, seed: int = 0) -> pd.DataFrame:
-    """The gradient just below and just at the depth the link tables predict."""
+    """The gradient one layer short of the depth the link tables predict, and at that depth.
+
+    Rows are named by role ("contiguous short", "contiguous enough", …), so that their keys
+    do not change when n or k does; the column `layers` holds the depth."""
     contiguous, dilated = contiguous_layers(n - 1, k), dilated_layers(n, k)
-    rows = []
-    for stack, layers, is_dilated in [("contiguous", contiguous - 1, False), ("contiguous", contiguous, False),
-                                      ("dilated", dilated - 1, True), ("dilated", dilated, True)]:
-        gradient = conv_stack_gradient(n, layers, is_dilated, k, seed=seed)
-        rows.append({"stack": f"{stack} {layers}", "layers": layers, "gradient": gradient,
-                     "connected": gradient != 0.0})
-    return pd.DataFrame(rows).set_index("stack")
-
-
-def reach_after(dilations: Iterable[int], k: int = 3) -> int:
-    """Method 2 for the reach of a stack: how many inputs the last output depends on.
-
-    Follows the set of inputs that a stack of one-sided kernels of width k reads, layer by
-    layer (shift and OR on a boolean line). It equals the formula 1 + (k-1) Σ dilations when
-    the taps leave no gaps, as with dilations 1, 1, 1, … or 1, 2, 4, … or 1, k, k², ….
-    """
-    check_positive(k=k)
-    dilations = [int(dl) for dl in dilations]
-    for dl in dilations:
-        check_positive(dilation=dl)
-    span = 1 + (k - 1) * sum(dilations)            # a line long enough to hold the whole reach
-    seen = torch.zeros(span, dtype=torch.bool)
-    seen[-1] = True                                # the last output reads itself
-    for dl in dilations:                           # each layer: everything it read, shifted by taps
-        shifted = seen.clone()
-        for tap in range(1, k):
-            shifted[:-tap * dl] |= seen[tap * dl:]
-        seen = shifted
-    return int(seen.sum())
-
-
-def reach_formula(layers: int, k: int = 3, doubling: bool = False) -> int:
-    """Positions L layers of width k reach: 1 + (k-1)·L, or 1 + (k-1)(2^L - 1) if gaps double."""
-    check_positive(layers=layers, k=k)
-    dilation_sum = 2 ** layers - 1 if doubling else layers      # 1 + 2 + … + 2^(L-1), or L ones
-    return 1 + (k - 1) * dilation_sum
+    rows = {}
+    for stack, needed, is_dilated in [("contiguous", contiguous, False), ("dilated", dilated, True)]:
+        for role, layers in [("short", needed - 1), ("enough", needed)]:
+            gradient = conv_stack_gradient(n, layers, is_dilated, k, seed=seed) if layers else 0.0
+            rows[f"{stack} {role}"] = {"layers": layers, "gradient": gradient, "connected": gradient != 0.0}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "stack"
+    return table
 
 
 def layers_to_cover(context: int, k: int = 3, doubling: bool = False) -> int:
@@ -927,9 +1126,10 @@ def layers_to_cover(context: int, k: int = 3, doubling: bool = False) -> int:
     if k < 2 and context > 1:
         raise ValueError(f"k must be at least 2 to reach another position, got {k}")
     layers = 1
-    while reach_formula(layers, k, doubling) < context:
+    while reach(layers, k, doubling) < context:
         layers += 1
     return layers
+
 
 def load_encoder(name_or_dir: str | Path | None = None):
     """The real trained all-MiniLM-L6-v2 encoder from installed files, with attention weights.
@@ -965,24 +1165,6 @@ def fixed_weights(n: int, position: int, k: int = 3) -> torch.Tensor:
     return weights / k                                                  # the same weight each
 
 
-def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False) -> float:
-    """Shuffle the rows of x: do the outputs of self-attention shuffle the same way?
-
-    Returns max |layer(x[perm]) - layer(x)[perm]|: at rounding level when attention cannot
-    see order. With `positions`, sinusoidal position vectors are added to x first, as in the
-    Transformer, and the difference is large.
-    """
-    check_positive(n=n, d=d)
-    Wq, Wk, Wv = random_weights(3, d, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(n, d, generator=g)
-    perm = torch.randperm(n, generator=g)
-    add = sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # position i goes with slot i
-    shuffled = self_attention_layer(x[perm] + add, Wq, Wk, Wv)
-    original = self_attention_layer(x + add, Wq, Wk, Wv)[perm]
-    return (shuffled - original).abs().max().item()
-
-
 def sinusoid_positions(n: int, d: int) -> torch.Tensor:
     """The Transformer's position vectors: sin and cos of position / 10000^(2i/d)."""
     check_positive(n=n, d=d)
@@ -996,60 +1178,62 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
     return table
 
 
+
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 4 · 04_gradients
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def jacobian_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """|d fn(x) / d x_i| for every row i of x: the Frobenius norm of each block of the Jacobian.
+# ── saved from notebooks/04_gradients.md by `make sync` (cells marked #@save): edit them there ──
 
-    fn maps x, (n, d), to one output vector. Each block (output numbers × the d numbers of
-    x_i) says how strongly the output moves when x_i moves. One backward pass gives every
-    block: fn runs on one copy of x per output number (vmap), and copy m keeps number m.
+def chain_gradient(keep: float, steps: int) -> float:
+    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns ∂h_last / ∂x_first."""
+    tx.check_rate(low_open=True, keep=keep)
+    tx.check_positive(steps=steps)
+    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)   # inputs x_0 … x_steps
+    h = tx.scan_loop(torch.full_like(x, keep), x)       # h_t = keep · h_(t-1) + x_t, in order
+    (grad,) = torch.autograd.grad(h[-1], x)             # how the last memory moves with each input
+    return grad[0].item()                               # … with the first one, `steps` steps back
+
+
+def linear_chain(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """A recurrence with nothing to squash it: h_t = h_(t-1) U + x_t. Returns h_n."""
+    h = torch.zeros_like(x[0])          # the memory before the first position
+    for x_t in x:                       # one step after another
+        h = h @ U + x_t                 # the memory passes through U, then the input joins it
+    return h
+
+
+def jacobian_norms(fn, x: torch.Tensor) -> torch.Tensor:
+    """|∂ fn(x) / ∂x_i| for every position i of x, (n, d): how strongly the output feels each input.
+
+    fn maps x to one output vector. The Jacobian block of position i holds the derivative of every
+    output number by every number of x_i; its size is the Frobenius norm of that block.
     """
-    from torch.func import vmap
-
     if x.dim() != 2:
         raise ValueError(f"x must be an (n, d) tensor, got shape {tuple(x.shape)}")
-    outputs = fn(x).numel()
-    copies = x.detach().unsqueeze(0).repeat(outputs, 1, 1).requires_grad_(True)
-    picked = vmap(fn)(copies).diagonal().sum()               # copy m: its output number m only
-    (grad,) = torch.autograd.grad(picked, copies)            # row m of the Jacobian, in copy m
-    return grad.pow(2).sum(dim=(0, 2)).sqrt()                # one norm per input position
+    jacobian = torch.func.jacrev(fn)(x)              # (outputs, n, d): autograd, every output at once
+    return jacobian.pow(2).sum(dim=(0, 2)).sqrt()    # square, add over the outputs and x_i's numbers
+
+# ── end of the cells saved from notebooks/04_gradients.md ──
 
 
 def gradient_by_distance(n: int = 50, d: int = 64, seeds: int = 20) -> pd.DataFrame:
     """|d out_n / d x_i| for a tanh RNN and one self-attention layer, mean over random networks.
 
-    Network s draws its weights (scaled 1/√d) and its inputs from seed s. All networks are
-    differentiated at once: vmap runs one copy of every network per output number, and one
-    backward pass returns every row of every Jacobian. One thread: two runs give the same
-    numbers.
+    Network s draws its weights (scaled 1/√d) from seed s and its inputs from seed 10,000 + s;
+    `jacobian_norms` measures each. One thread: two runs give the same numbers.
     """
-    from torch.func import vmap
-
     check_positive(n=n, d=d, seeds=seeds)
-    weights, inputs = [], []
+    norms = {"RNN": torch.zeros(n, dtype=torch.float64),
+             "self-attention": torch.zeros(n, dtype=torch.float64)}
     for seed in range(seeds):
-        weights.append(torch.stack(random_weights(5, d, seed)))      # Wq, Wk, Wv, W, U
-        inputs.append(torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed)))
-    weights, inputs = torch.stack(weights), torch.stack(inputs)
-
-    def rnn_last(x, w):
-        return recurrent_layer(x, w[3], w[4])                        # h_n, the last output
-
-    def attention_last(x, w):
-        return self_attention_layer(x, w[0], w[1], w[2])[-1]         # output row n
-
-    keep = torch.eye(d).unsqueeze(1)                                 # copy m keeps output m
-    norms = {}
-    for name, fn in [("RNN", rnn_last), ("self-attention", attention_last)]:
-        copies = inputs.unsqueeze(0).repeat(d, 1, 1, 1).requires_grad_(True)   # (d, seeds, n, d)
-        out = vmap(vmap(fn), in_dims=(0, None))(copies, weights)              # (d, seeds, d)
-        (grad,) = torch.autograd.grad((out * keep).sum(), copies)
-        norms[name] = grad.pow(2).sum(dim=(0, 3)).sqrt().mean(dim=0)          # (n,)
-    table = pd.DataFrame({name: values.double().numpy() for name, values in norms.items()})
+        Wq, Wk, Wv, W, U = random_weights(5, d, seed)
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+        norms["RNN"] += jacobian_norms(lambda x: recurrent_layer(x, W, U), x).double() / seeds
+        norms["self-attention"] += jacobian_norms(
+            lambda x: self_attention_layer(x, Wq, Wk, Wv)[-1], x).double() / seeds   # output row n
+    table = pd.DataFrame({name: values.numpy() for name, values in norms.items()})
     table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
     table.insert(0, "input i", range(1, n + 1))
     return table.sort_index()
@@ -1060,6 +1244,35 @@ def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
                    rows: Iterable[int] = (49, 40, 30, 20, 10, 5, 1, 0)) -> pd.DataFrame:
     """A few rows of gradient_by_distance, as the seed article prints them."""
     return gradient_by_distance(n, d, seeds).loc[list(rows)]
+
+
+def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
+                     forget_biases: Iterable[float | None] = (None, 1.0, 3.0)) -> pd.DataFrame:
+    """|d out_n / d x_i| for a real nn.LSTM (random weights), mean over seeds, one column per
+    forget-gate bias.
+
+    None keeps PyTorch's initialisation: every weight and bias uniform in ±1/√d, so the forget
+    gate starts near sigmoid(0) = 0.5. A number b sets the forget gate's bias (b_ih = b, b_hh = 0),
+    so that the gate starts near sigmoid(b). The output is the last hidden state h_n; network s
+    draws its weights from seed s and its inputs from seed 10,000 + s, as gradient_by_distance does.
+    """
+    check_positive(n=n, d=d, seeds=seeds)
+    columns = {}
+    for bias in forget_biases:
+        total = torch.zeros(n, dtype=torch.float64)
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            lstm = torch.nn.LSTM(d, d)
+            if bias is not None:
+                with torch.no_grad():                           # PyTorch's gate order: i, f, g, o
+                    lstm.bias_ih_l0[d:2 * d] = bias
+                    lstm.bias_hh_l0[d:2 * d] = 0.0
+            x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+            total += jacobian_norms(lambda x: lstm(x)[0][-1], x).detach().double() / seeds
+        columns["PyTorch default" if bias is None else f"forget bias {bias:g}"] = total.numpy()
+    table = pd.DataFrame(columns)
+    table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
+    return table.sort_index()
 
 
 def orders_of_magnitude(values: Iterable[float]) -> float:
@@ -1080,35 +1293,10 @@ def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
     return ((dx * dy).sum() / dx.pow(2).sum()).item()       # covariance over variance
 
 
-def survival(keep: float, steps: int) -> float:
-    """What is left of a signal after `steps` steps that each keep a share `keep` of it."""
-    if not 0 < keep <= 1:
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
-    return keep ** steps                        # one factor `keep` per step
-
-
-def chain_gradient(keep: float, steps: int) -> float:
-    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns d h_last / d x_first.
-
-    `steps` steps separate the first input from the last memory.
-    """
-    if not 0 < keep <= 1:
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    check_positive(steps=steps)
-    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)
-    h = x[0]
-    for t in range(1, steps + 1):
-        h = keep * h + x[t]                      # one step keeps a share of what came in
-    (grad,) = torch.autograd.grad(h, x)
-    return grad[0].item()
-
-
 @cli_table("Part 4 · what a step that keeps 0.98 leaves of a signal: the power and autograd")
 def survival_table(keep: float = 0.98, steps: Iterable[int] = (1, 10, 100, 511, 1000)) -> pd.DataFrame:
     """keep ** steps against the gradient of a real chain of that many steps."""
-    rows = {s: {"keep ** steps": survival(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
+    rows = {s: {"keep ** steps": weight_left(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "steps"
     table["relative difference"] = (table["autograd"] / table["keep ** steps"] - 1).abs()
@@ -1155,45 +1343,34 @@ def check_window(**windows: int) -> None:
             raise ValueError(f"{name} must be odd (the query and {name} // 2 keys on each side), got {r}")
 
 
+# ── saved from notebooks/05_restricted_attention.md by `make sync` (cells marked #@save): edit them there ──
+
 def window_mask(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2 (Table 1's neighbourhood r)."""
-    check_positive(n=n)
-    check_window(r=r)
-    row, col = torch.arange(n, device=device)[:, None], torch.arange(n, device=device)[None, :]
+    tx.check_positive(n=n)
+    tx.check_window(r=r)
+    row = torch.arange(n, device=device)[:, None]            # query positions, one per row
+    col = torch.arange(n, device=device)[None, :]            # key positions, one per column
     return (col >= row - r // 2) & (col <= row + r // 2)     # r // 2 keys on each side, and itself
 
 
 def band_slots(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """(n, r) key positions: row i holds the keys i − r//2 … i + r//2 of its window; −1 is padding."""
-    check_positive(n=n)
-    check_window(r=r)
-    row, slot = torch.arange(n, device=device)[:, None], torch.arange(r, device=device)[None, :]
-    slots = row + slot - r // 2                                             # slot s of row i: key i + s − r//2
-    return slots.masked_fill((slots < 0) | (slots >= n), -1)               # before the start or after the end
-
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q, k, v must be three (n, d) tensors of one shape."""
-    if q.dim() != 2 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-
-
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention with a mask: computes all n × n scores, then hides those where mask is False."""
-    _check_qkv(q, k, v)
-    if mask.shape != (q.shape[0], q.shape[0]) or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be ({q.shape[0]}, {q.shape[0]}) booleans, got "
-                         f"{tuple(mask.shape)} {mask.dtype}")
-    scores = q @ k.T / math.sqrt(q.shape[1])                  # (n, n): every query against every key
-    scores = scores.masked_fill(~mask, float("-inf"))         # outside the window: weight 0 after softmax
-    return torch.softmax(scores, dim=-1) @ v                  # (n, d)
+    tx.check_positive(n=n)
+    tx.check_window(r=r)
+    row = torch.arange(n, device=device)[:, None]            # one row per query
+    slot = torch.arange(r, device=device)[None, :]           # one slot per key of its window
+    slots = row + slot - r // 2                              # slot s of row i: key i + s − r//2
+    return slots.masked_fill((slots < 0) | (slots >= n), -1)   # before the start or after the end
 
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
-    """The same result as masked_attention with window_mask(n, r), computing only n × r scores."""
-    _check_qkv(q, k, v)
-    check_window(r=r)
+    """The same result as attention_core with window_mask(n, r), computing only n × r scores."""
+    tx.check_qkv(q, k, v)
+    if q.dim() != 2 or k.shape != q.shape:
+        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    tx.check_window(r=r)
     n, d = q.shape
     half = r // 2
     k_win = F.pad(k, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): row i holds keys i − half … i + half
@@ -1204,8 +1381,29 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) 
     return (v_win @ weights[:, :, None])[:, :, 0]             # (n, d): each query mixes its r values
 
 
+def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
+    """The same result as banded_attention, as real kernels compute it: blocks of r queries,
+    each against the 2r − 1 keys its block can reach, in dense matrix products."""
+    tx.check_qkv(q, k, v)
+    tx.check_window(r=r)
+    (n, d), half, blocks = q.shape, r // 2, -(-q.shape[0] // r)   # ⌈n / r⌉ blocks of r queries
+    pad = blocks * r - n                                          # queries past the end (dropped)
+    q_blk = F.pad(q, (0, 0, 0, pad)).view(blocks, r, d)           # (blocks, r, d)
+    k_span = F.pad(k, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # (blocks, d, 2r − 1)
+    v_span = F.pad(v, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # their values
+    slot, row = torch.arange(2 * r - 1, device=q.device), torch.arange(r, device=q.device)[:, None]
+    inside = (slot - half - row).abs() <= half                   # (r, 2r − 1): query's own window
+    key = torch.arange(blocks, device=q.device)[:, None, None] * r - half + slot   # key of each slot
+    allowed = inside & (key >= 0) & (key < n)                    # and the key exists
+    scores = (q_blk @ k_span / math.sqrt(d)).masked_fill(~allowed, float("-inf"))  # (blocks, r, 2r − 1)
+    mixed = torch.softmax(scores, dim=-1) @ v_span.transpose(1, 2)                # (blocks, r, d)
+    return mixed.reshape(blocks * r, d)[:n]
+
+# ── end of the cells saved from notebooks/05_restricted_attention.md ──
+
+
 def masked_flops(n: int, d: int) -> int:
-    """FLOPs of masked_attention's matrix products (2 FLOPs a multiply-add, as FlopCounterMode counts)."""
+    """FLOPs of attention_core's matrix products with a mask (2 FLOPs a multiply-add, as FlopCounterMode counts)."""
     check_positive(n=n, d=d)
     scores = n * n * d           # Q Kᵀ: all n × n dot products of d numbers, masked or not
     mix = n * n * d              # weights V: n rows, each a sum over n values of d numbers
@@ -1218,6 +1416,16 @@ def banded_flops(n: int, d: int, r: int) -> int:
     check_window(r=r)
     scores = n * r * d           # each query against the r keys of its window
     mix = n * r * d              # each query mixes the r values of its window
+    return 2 * (scores + mix)
+
+
+def blocked_flops(n: int, d: int, r: int) -> int:
+    """FLOPs of blocked_attention's matrix products: ⌈n/r⌉ blocks of r queries, 2r − 1 keys each."""
+    check_positive(n=n, d=d)
+    check_window(r=r)
+    blocks = -(-n // r)                  # ⌈n / r⌉ blocks of r queries (the last one padded)
+    scores = blocks * r * (2 * r - 1) * d   # each query against every key its block can reach
+    mix = blocks * r * (2 * r - 1) * d      # each query mixes the values of that span
     return 2 * (scores + mix)
 
 
@@ -1239,7 +1447,7 @@ def flop_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17,
         q, k, v = (torch.empty(n, d, device=device) for _ in range(3))
         rows[n] = {
             "masked counted": masked_flops(n, d),
-            "masked counter": flops(masked_attention, q, k, v, window_mask(n, r, device)),
+            "masked counter": flops(attention_core, q, k, v, window_mask(n, r, device)),
             "banded counted": banded_flops(n, d, r),
             "banded counter": flops(banded_attention, q, k, v, r),
         }
@@ -1257,32 +1465,27 @@ def _flop_table() -> pd.DataFrame:
     return flop_table()
 
 
-def best_time(fn: Callable, *args, repeats: int = 3) -> float:
-    """The shortest of `repeats` wall times of fn(*args), in seconds, after one warm-up call."""
-    check_positive(repeats=repeats)
-    import time
+def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, seed: int = 0,
+               device: str = "cpu", min_time: float = 0.1, statistic: str = "median") -> pd.DataFrame:
+    """Wall time of the masked, banded and blocked versions (milliseconds, after a warm-up).
 
-    with torch.no_grad():
-        fn(*args)                                    # warm-up: first calls allocate and dispatch
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn(*args)
-            times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, repeats: int = 3,
-               seed: int = 0) -> pd.DataFrame:
-    """Wall time on this machine of the masked and the banded versions (milliseconds)."""
+    Timed with `time_call`, which waits for a GPU to finish before it reads the clock. Each time
+    is the median of its runs, or with statistic="q1" their lower quartile: on a machine shared
+    with other programs, the runs they interrupt are the slow ones, and they move a median."""
+    if statistic not in ("q1", "median"):
+        raise ValueError(f"statistic must be 'q1' or 'median', got {statistic!r}")
     rows = {}
-    for n in ns:
-        q, k, v = _qkv(n, d, seed)
-        mask = window_mask(n, r)
-        masked = best_time(masked_attention, q, k, v, mask, repeats=repeats)
-        banded = best_time(banded_attention, q, k, v, r, repeats=repeats)
-        rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
-                   "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r)}
+    with torch.no_grad():
+        for n in ns:
+            q, k, v = (t.to(device) for t in _qkv(n, d, seed))
+            mask = window_mask(n, r, device)
+            masked = time_call(attention_core, q, k, v, mask, min_time=min_time)[statistic]
+            banded = time_call(banded_attention, q, k, v, r, min_time=min_time)[statistic]
+            blocked = time_call(blocked_attention, q, k, v, r, min_time=min_time)[statistic]
+            rows[n] = {"masked ms": 1e3 * masked, "banded ms": 1e3 * banded, "time ratio": masked / banded,
+                       "FLOP ratio": masked_flops(n, d) / banded_flops(n, d, r),
+                       "blocked ms": 1e3 * blocked, "blocked time ratio": masked / blocked,
+                       "blocked FLOP ratio": masked_flops(n, d) / blocked_flops(n, d, r)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
@@ -1328,43 +1531,6 @@ def global_pairs(n: int, window: int, n_global: int) -> int:
     return sliding_pairs(n, window) + extra
 
 
-def stacked_reach(layers: int, window: int) -> int:
-    """Positions that can reach the last one through `layers` causal windows of `window` keys.
-
-    One layer reaches window − 1 positions back; each further layer moves the reach one window on."""
-    check_positive(layers=layers, window=window)
-    return layers * (window - 1) + 1      # the position itself, plus window − 1 more per layer
-
-
-def reach_by_layers(layers: int, window: int) -> list[int]:
-    """Method 2 for stacked_reach: follow the positions that reach the last one, layer by layer.
-
-    A layer lets position j feed the positions j … j + window − 1 above it; returns the count
-    after each layer (a cumulative sum gives each window's count in one pass)."""
-    check_positive(layers=layers, window=window)
-    n = layers * window + 1                                    # room beyond any reach
-    reach = torch.zeros(n, dtype=torch.long)
-    reach[-1] = 1                                              # the last position reaches itself
-    counts = []
-    for _ in range(layers):
-        ahead = F.pad(reach, (0, window - 1))                  # positions past the end reach nothing
-        total = torch.cumsum(F.pad(ahead, (1, 0)), 0)          # total[j] = ahead[0] + … + ahead[j − 1]
-        reach = ((total[window:window + n] - total[:n]) > 0).long()   # any of j … j + window − 1 reached?
-        counts.append(int(reach.sum()))
-    return counts
-
-
-def reach_by_mask_products(n: int, layers: int, window: int) -> list[int]:
-    """Method 3 for small n: boolean products of the real causal window mask, one per layer."""
-    mask = causal_mask(n, window).long()
-    linked = torch.eye(n, dtype=torch.long)
-    counts = []
-    for _ in range(layers):
-        linked = ((linked @ mask) > 0).long()                  # a path of one more layer
-        counts.append(int(linked[-1].sum()))                   # positions the last one depends on
-    return counts
-
-
 def trade_table(n: int = 8192, d: int = 512, rs: Iterable[int] = (3, 17, 65, 257, 1025, 4097)) -> pd.DataFrame:
     """Table 1's trade for restricted attention: work r·n·d against layers to connect 1 and n."""
     check_positive(n=n, d=d)
@@ -1408,14 +1574,13 @@ def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-def _check_tokens(**tokens: int) -> None:
-    """Raise ValueError naming the first token count that is not a whole number ≥ 0."""
-    for name, value in tokens.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
-def kv_bytes_per_token(model: ExampleModel = ExampleModel()) -> int:
+# ── saved from notebooks/06_kv_cache.md by `make sync` (cells marked #@save): edit them there ──
+
+def kv_bytes_per_token(model: tx.ExampleModel = tx.ExampleModel()) -> int:
     """Bytes the cache keeps for one token: a key and a value per layer and per key-value head."""
     return (2                          # one key and one value
             * model.layers             # in every layer
@@ -1424,13 +1589,69 @@ def kv_bytes_per_token(model: ExampleModel = ExampleModel()) -> int:
             * model.bytes_per_number)  # bytes a number
 
 
-def kv_cache_bytes(tokens: int, model: ExampleModel = ExampleModel(), window: int | None = None) -> int:
+def kv_cache_bytes(tokens: int, model: tx.ExampleModel = tx.ExampleModel(),
+                   window: int | None = None) -> int:
     """Bytes of the cache after `tokens` tokens; a window keeps only its last `window` tokens."""
-    _check_tokens(tokens=tokens)
+    tx.check_nonnegative(tokens=tokens)
     if window is not None:
-        check_positive(window=window)
+        tx.check_positive(window=window)
     kept = tokens if window is None else min(tokens, window)   # a window forgets the older tokens
     return kept * kv_bytes_per_token(model)
+
+
+def greedy_decode(net, prompt: torch.Tensor, new_tokens: int, use_cache: bool = True):
+    """Write `new_tokens` tokens after `prompt` (1, n), each the model's most likely next token.
+
+    With the cache a step feeds only the newest token; without it, the whole text so far. Returns
+    the tokens (1, n + new_tokens) and the scores of each new token (1, new_tokens, vocabulary)."""
+    tx.check_positive(new_tokens=new_tokens)
+    tokens, cache, scores = prompt, None, []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            fed = tokens if cache is None else tokens[:, -1:]           # all of it, or the newest
+            out = net(fed, use_cache=use_cache, **{tx.cache_argument(net): cache})
+            cache = tx.model_cache(out) if use_cache else None          # every key and value so far
+            scores.append(out.logits[:, -1])                            # scores of the next token
+            tokens = torch.cat([tokens, scores[-1].argmax(-1, keepdim=True)], dim=-1)  # the best one
+    return tokens, torch.stack(scores, dim=1)
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int = 128):
+    """attention_core for one block of `tile` queries at a time against blocks of `tile` keys, with
+    a running softmax (FlashAttention's loop): no n × n grid. Returns the output and the bytes it
+    reads from and writes to main memory (q, k, v and the output), block by block."""
+    tx.check_qkv(q, k, v)
+    tx.check_positive(tile=tile)
+    out, moved = torch.empty_like(q), 0
+    for i in range(0, q.shape[-2], tile):
+        qi = q[..., i:i + tile, :] / math.sqrt(q.shape[-1])     # read a block of queries
+        top = torch.full_like(qi[..., :1], -math.inf)            # largest score so far, per query
+        total, mixed = torch.zeros_like(top), torch.zeros_like(qi)   # softmax's sum, weighted values
+        for j in range(0, k.shape[-2], tile):
+            kj, vj = k[..., j:j + tile, :], v[..., j:j + tile, :]     # read a block of keys and values
+            s = qi @ kj.transpose(-2, -1)                             # a tile of scores, on the chip
+            new_top = torch.maximum(top, s.amax(-1, keepdim=True))
+            p, fade = torch.exp(s - new_top), torch.exp(top - new_top)   # fade rescales the old sums
+            total, mixed, top = total * fade + p.sum(-1, keepdim=True), mixed * fade + p @ vj, new_top
+            moved += (kj.numel() + vj.numel()) * k.element_size()
+        out[..., i:i + tile, :] = mixed / total                   # write the block's output once
+        moved += 2 * qi.numel() * q.element_size()                # its queries in, its output out
+    return out, moved
+
+# ── end of the cells saved from notebooks/06_kv_cache.md ──
+
+
+def kv_projection_saving(model: ExampleModel = ExampleModel()) -> int:
+    """Weights that W_K and W_V give up when groups of heads share keys and values: each keeps
+    kv_heads × head_size columns instead of heads × head_size, in every layer."""
+    return 2 * model.layers * model.width * (model.heads - model.kv_heads) * model.head_size
+
+
+def with_grouped_projections(model: ExampleModel) -> ReaderModel:
+    """The same model with its weight count lowered by the smaller K and V projections (the stated
+    example model keeps 12 width² a layer whatever kv_heads is, as the companion articles do)."""
+    fields = {f: getattr(model, f) for f in ExampleModel.__dataclass_fields__}
+    return ReaderModel(**fields, weight_count=model.parameters - kv_projection_saving(model))
 
 
 def cache_memory(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
@@ -1449,9 +1670,10 @@ def max_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccele
 
 def decode_seconds(context: int, model: ExampleModel = ExampleModel(),
                    accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
-    """Time of one new token after `context` cached tokens: every weight and the whole cache are
-    read once, so memory bandwidth sets the time (the arithmetic is far faster)."""
-    _check_tokens(context=context)
+    """Time of one new token after `context` cached tokens, one conversation at a time: every weight
+    and the whole cache are read once, so memory bandwidth sets the time (the arithmetic of one
+    token is far faster; see decode_step_flops for many conversations at once)."""
+    check_nonnegative(context=context)
     read = model.weight_bytes + kv_cache_bytes(context, model)  # bytes one step must read
     return read / accelerator.bytes_per_second
 
@@ -1460,7 +1682,7 @@ def prefill_flops(n: int, model: ExampleModel = ExampleModel()) -> float:
     """FLOPs of reading an n-token prompt in one pass (2 FLOPs a multiply-add)."""
     check_positive(n=n)
     weights = model.parameters * n                # every token meets every weight once
-    pairs = model.layers * pair_work(n, model)    # causal pairs n²/2, a score and a mix, every layer
+    pairs = model.layers * count_pairs(n, model)    # causal pairs n²/2, a score and a mix, every layer
     return 2 * (weights + pairs)
 
 
@@ -1485,11 +1707,119 @@ def conversations_that_fit(tokens: int, model: ExampleModel = ExampleModel(),
     return cache_memory(model, accelerator) // kv_cache_bytes(tokens, model)   # whole conversations only
 
 
+def decode_attention_flops(n: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
+    check_nonnegative(n=n)
+    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
+    mix = n * model.width        # the weighted sum of n value vectors of width numbers
+    return 2 * (scores + mix) * model.layers
+
+
+def decode_step_flops(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
+    """FLOPs of one decode step for `batch` conversations with `context` cached tokens each: one
+    multiply-add per weight per new token, and attention over each conversation's own cache."""
+    check_positive(batch=batch)
+    return batch * (2 * model.parameters + decode_attention_flops(context, model))
+
+
+def decode_step_bytes(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
+    """Bytes one decode step reads: the weights once for the whole batch, and every cache once."""
+    check_positive(batch=batch)
+    return model.weight_bytes + batch * kv_cache_bytes(context, model)
+
+
+def ridge_batch(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+                context: int = 0) -> int | None:
+    """The smallest batch whose decode step does the accelerator's FLOPs per byte (arithmetic then
+    sets the time); None when no batch does, because each cache adds more bytes than FLOPs."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second   # FLOPs per byte it can do
+    intensity = lambda b: decode_step_flops(b, context, model) / decode_step_bytes(b, context, model)  # noqa: E731
+    gain = decode_step_flops(1, context, model) - ratio * kv_cache_bytes(context, model)  # per conversation
+    if gain <= 0:
+        return None
+    batch = max(1, math.ceil(ratio * model.weight_bytes / gain))   # solve intensity(batch) = ratio
+    while batch > 1 and intensity(batch - 1) >= ratio:             # and step past any rounding
+        batch -= 1
+    while intensity(batch) < ratio:
+        batch += 1
+    return batch
+
+
+def ridge_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int | None:
+    """The longest cache with which some batch still reaches the accelerator's FLOPs per byte; None
+    when every length can (attention over a cache then does enough FLOPs per byte by itself)."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+    loss = ratio * kv_bytes_per_token(model) - decode_attention_flops(1, model)   # per cached token
+    if loss <= 0:
+        return None
+    return math.ceil(2 * model.parameters / loss) - 1      # the last context with a positive gain
+
+
+def ridge_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
+                kv_heads: Iterable[int] = (16, 4, 1), contexts: Iterable[int] = (0, 32, 64, 128)) -> pd.DataFrame:
+    """For each sharing of keys and values: the batch at which a decode step reaches the accelerator's
+    FLOPs per byte, for caches of several lengths (NA: no batch does), and the longest such cache."""
+    from dataclasses import replace
+
+    rows = {}
+    for kv in kv_heads:
+        shared = replace(model, kv_heads=kv)
+        row = {f"batch at {c:,} tokens": ridge_batch(shared, accelerator, c) for c in contexts}
+        row["longest cache"] = ridge_context(shared, accelerator)
+        row["attention FLOPs a cache byte"] = decode_attention_flops(1, shared) / kv_bytes_per_token(shared)
+        rows[kv] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "kv heads"
+    return table.astype({c: "Int64" for c in table.columns if c != "attention FLOPs a cache byte"})
+
+
 def score_grid_bytes(rows: int, columns: int | None = None, bytes_per_number: int = 2) -> int:
     """Bytes of a grid of attention scores of one head: rows × columns numbers."""
     columns = rows if columns is None else columns
     check_positive(rows=rows, columns=columns, bytes_per_number=bytes_per_number)
     return rows * columns * bytes_per_number
+
+
+def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
+    """Bytes attention_core moves for one head of n tokens and width d when each of its four
+    operations reads its inputs from main memory and writes its result back."""
+    check_positive(n=n, d=d, bytes_per_number=bytes_per_number)
+    grid, rows = n * n * bytes_per_number, n * d * bytes_per_number   # the n × n grid; Q, K, V or O
+    return ((2 * rows + grid)          # S = Q Kᵀ: read Q and K, write S
+            + 2 * grid                 # S / √d: read S, write it back
+            + 2 * grid                 # softmax: read S, write the weights P
+            + (grid + rows + rows))    # P V: read P and V, write the output
+
+
+def tiled_attention_bytes(n: int, d: int, tile: int = 128, bytes_per_number: int = 2) -> int:
+    """Bytes tiled_attention moves for one head: every query read and every output written once,
+    every key and value read once for each block of `tile` queries; the scores stay on the chip."""
+    check_positive(n=n, d=d, tile=tile, bytes_per_number=bytes_per_number)
+    rows = n * d * bytes_per_number
+    blocks = math.ceil(n / tile)                 # blocks of queries
+    return rows + rows + blocks * 2 * rows       # Q in, O out, K and V in once a block
+
+
+class _BytesCounter(TorchDispatchMode):
+    """Add up the bytes every operation reads and writes (views move nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.moved = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.moved += tensor_bytes(t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        return out
+
+
+def count_bytes_moved(fn: Callable, *args) -> int:
+    """Bytes fn(*args) would move if every operation read its inputs from main memory and wrote
+    its result back: the traffic of running it one PyTorch operation at a time, nothing fused."""
+    with torch.no_grad(), _BytesCounter() as counter:
+        fn(*args)
+    return counter.moved
 
 
 def sharing_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
@@ -1546,10 +1876,11 @@ def _sharing_table() -> pd.DataFrame:
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 
 
-def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
+def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0, device: str = "cpu"):
     """A real Hugging Face decoder of model's shape, random weights, built from a config (no download).
 
-    Llama without a window; Mistral with `sliding_window = window`."""
+    Llama without a window; Mistral with `sliding_window = window`. On device "meta" its tensors
+    have shapes and no numbers: a full-size model costs nothing to build."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     if model.bytes_per_number not in DTYPES:
@@ -1558,11 +1889,11 @@ def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0):
                  num_hidden_layers=model.layers, num_attention_heads=model.heads,
                  num_key_value_heads=model.kv_heads, head_dim=model.head_size, max_position_embeddings=4096)
     torch.manual_seed(seed)
-    if window is None:
-        net = LlamaForCausalLM(LlamaConfig(**shape))
-    else:
+    if window is not None:
         check_positive(window=window)
-        net = MistralForCausalLM(MistralConfig(sliding_window=window, **shape))
+    with torch.device(device):
+        net = (LlamaForCausalLM(LlamaConfig(**shape)) if window is None
+               else MistralForCausalLM(MistralConfig(sliding_window=window, **shape)))
     return net.to(DTYPES[model.bytes_per_number]).eval()
 
 
@@ -1600,9 +1931,23 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def measured_cache_bytes(cache) -> int:
-    """Bytes of a transformers cache, summed over its real tensors (never from get_seq_length())."""
-    return sum(tensor_bytes((layer.keys, layer.values)) for layer in cache.layers)
+def _states(held) -> list:
+    """A Mamba cache layer's states as a list: transformers 5.14+ keeps a dict of tensors, 5.5 to
+    5.13 one tensor (whose own `.values()` is for sparse tensors and fails)."""
+    return list(held.values()) if isinstance(held, dict) else [held]
+
+
+def cache_layer_bytes(cache) -> list[tuple[str, int]]:
+    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors (never from
+    get_seq_length()): "attention" for keys and values, "mamba" for a convolution window and a state."""
+    rows = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
+            held = _states(layer.conv_states) + _states(layer.recurrent_states)
+            rows.append(("mamba", tensor_bytes(held)))
+        else:                                        # an attention layer: every key and value
+            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
+    return rows
 
 
 def cached_tokens(cache) -> int:
@@ -1626,7 +1971,7 @@ def cache_check(model: ExampleModel, lengths: Iterable[int] = (5, 17, 40), windo
             cache = model_cache(net(ids, use_cache=True))
         kept = None if window is None else window - 1
         rows.append({"kv heads": model.kv_heads, "window": window or 0, "tokens": n,
-                     "kept": cached_tokens(cache), "measured bytes": measured_cache_bytes(cache),
+                     "kept": cached_tokens(cache), "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
                      "formula bytes": kv_cache_bytes(n, model, kept)})
     table = pd.DataFrame(rows)
     table["equal"] = table["measured bytes"] == table["formula bytes"]
@@ -1657,7 +2002,7 @@ def cache_trace(model: ExampleModel, steps: int = 24, window: int | None = None,
             step = {cache_argument(net): cache}                 # the cache back in, under this release's name
             cache = model_cache(net(ids[:, t:t + 1], use_cache=True, **step))   # one decode step
             rows.append({"tokens seen": t + 1, "kept": cached_tokens(cache),
-                         "measured bytes": measured_cache_bytes(cache),
+                         "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
                          "formula bytes": kv_cache_bytes(t + 1, model, kept)})
     table = pd.DataFrame(rows).set_index("tokens seen")
     table["equal"] = table["measured bytes"] == table["formula bytes"]
@@ -1728,29 +2073,67 @@ from typing import Sequence
 import torch.utils._python_dispatch
 
 
+# ── saved from notebooks/07_state_space_hybrids.md by `make sync` (cells marked #@save): edit them there ──
+
+def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another, from h_0 = 0.
+
+    a holds the share each step keeps, b what each step adds; returns h after every step."""
+    tx.check_steps(a, b)
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
+        h = a[..., t] * h + b[..., t]      # keep a share of what is held, add what is new
+        out.append(h)
+    return torch.stack(out, dim=-1)
+
+
+def combine(first: tuple, then: tuple) -> tuple:
+    """Two steps h ↦ a·h + b joined into one: `first` = (a₁, b₁), then `then` = (a₂, b₂)."""
+    a1, b1 = first
+    a2, b2 = then
+    return a1 * a2, a2 * b1 + b2     # a₂(a₁h + b₁) + b₂ = (a₁a₂)·h + (a₂b₁ + b₂)
+
+
+def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The h_t of scan_loop in ⌈log₂ n⌉ rounds: after round r, position t holds the last 2^r steps
+    up to t joined into one (Hillis and Steele's scan). No position waits for its neighbour."""
+    tx.check_steps(a, b)
+    shift = 1
+    while shift < b.shape[-1]:
+        earlier = (F.pad(a[..., :-shift], (shift, 0), value=1.0),   # the steps `shift` places back;
+                   F.pad(b[..., :-shift], (shift, 0), value=0.0))   # before the start, h ↦ h
+        a, b = combine(earlier, (a, b))                             # every position at once
+        shift *= 2
+    return b                          # h_0 = 0, so the joined step gives h_t = its b
+
+# ── end of the cells saved from notebooks/07_state_space_hybrids.md ──
+
+
+def check_steps(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The rates a and inputs b of a scan: tensors of one shape, steps along the last dimension."""
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape
+            or a.dim() < 1 or a.shape[-1] < 1):
+        raise ValueError(f"a and b must be tensors of one shape with a last dimension ≥ 1, got "
+                         f"{getattr(a, 'shape', a)!r} and {getattr(b, 'shape', b)!r}")
+
+
 def running_summary(inputs: Sequence[float], keep: float | Sequence[float]) -> list[float]:
-    """A one-number running summary s_t = keep_t · s_(t-1) + x_t; returns s after every step.
+    """A one-number running summary s_t = keep_t · s_(t-1) + x_t on plain numbers: scan_loop.
 
     `keep` is one rate for every step, or one rate per step (a rate the content chooses).
     """
     rates = [keep] * len(inputs) if isinstance(keep, numbers.Real) else list(keep)
     if len(rates) != len(inputs):
         raise ValueError(f"keep must be one number or one per input, got {len(rates)} for {len(inputs)}")
-    if any(not 0 <= rate <= 1 for rate in rates):
-        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
-    summary, history = 0.0, []
-    for x, rate in zip(inputs, rates):
-        summary = rate * summary + x      # shrink what is held, then add what the token brings
-        history.append(summary)
-    return history
+    check_rate(**{f"keep[{i}]": rate for i, rate in enumerate(rates)})
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)   # noqa: E731
+    return scan_loop(as_tensor(rates), as_tensor(inputs)).tolist()
 
 
 def weight_left(keep: float, steps: int) -> float:
     """What is left of a value after `steps` shrinkings by `keep`: keep ** steps (Method 1)."""
-    if not 0 <= keep <= 1:
-        raise ValueError(f"keep must lie between 0 and 1, got {keep!r}")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-        raise ValueError(f"steps must be a whole number ≥ 0, got {steps!r}")
+    check_rate(keep=keep)
+    check_nonnegative(steps=steps)
     return keep ** steps
 
 
@@ -1762,20 +2145,11 @@ def weight_of_first(keep: float | Sequence[float], n: int) -> float:
 
 def content_rates(kinds: Sequence[str], keep: float = 0.9, hold: float = 0.999) -> list[float]:
     """The rate each token chooses from its content: `hold` while filler passes, `keep` otherwise."""
-    if not (0 <= keep <= 1 and 0 <= hold <= 1):
-        raise ValueError(f"keep and hold must lie between 0 and 1, got {keep!r} and {hold!r}")
+    check_rate(keep=keep, hold=hold)
     return [hold if kind == "filler" else keep for kind in kinds]
 
 
-def decode_work_attention(n: int, model: ExampleModel = ExampleModel()) -> int:
-    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
-    check_positive(n=n)
-    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
-    mix = n * model.width        # the weighted sum of n value vectors of width numbers
-    return 2 * (scores + mix) * model.layers
-
-
-def decode_work_state_space(model: ExampleModel = ExampleModel()) -> int:
+def decode_state_space_flops(model: ExampleModel = ExampleModel()) -> int:
     """FLOPs a state-space layer spends on one new token, all layers: the same at every length."""
     numbers_held = model.width * model.state_per_channel   # state numbers of one layer
     update = numbers_held        # s ← a ⊙ s + u: one multiply-add a state number
@@ -1783,10 +2157,43 @@ def decode_work_state_space(model: ExampleModel = ExampleModel()) -> int:
     return 2 * (update + readout) * model.layers
 
 
-def attention_step(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """One decode step of one attention layer: q (heads, 1, h) against the cache (heads, n, h)."""
-    scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])   # (heads, 1, n)
-    return torch.softmax(scores, dim=-1) @ values                 # (heads, 1, h)
+def mamba_mixer_weights(width: int, expand: int = 2, state: int = 16, conv: int = 4,
+                        dt_rank: int | None = None) -> int:
+    """Weights of one Mamba mixer as transformers builds it (Gu and Dao 2023), for model width d and
+    inner width E·d: the input projection d → 2·E·d (the path and its gate), a short convolution,
+    the projections that make Δ, B and C from the token, A and D, and the output projection."""
+    check_positive(width=width, expand=expand, state=state, conv=conv)
+    inner = expand * width
+    rank = math.ceil(width / 16) if dt_rank is None else dt_rank   # Δ's low rank ("auto" in transformers)
+    return (width * 2 * inner                # in_proj: d → 2·E·d
+            + inner * conv + inner           # conv1d, one window per inner channel, and its bias
+            + inner * (rank + 2 * state)     # x_proj: Δ's rank numbers, B and C
+            + rank * inner + inner           # dt_proj: rank → E·d, and its bias
+            + inner * state + inner          # A (stored as A_log) and D
+            + inner * width)                 # out_proj: E·d → d
+
+
+def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = ExampleModel(),
+                     expand: int = 2, conv: int = 4) -> pd.DataFrame:
+    """FLOPs for one more token with every weight counted (2 a weight a token meets): one attention
+    layer with its four projections against one Mamba mixer with its own, and the example model
+    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept)."""
+    d, layers = model.width, model.layers
+    projections = 4 * d * d                                              # W_Q, W_K, W_V, W_O
+    mixer = mamba_mixer_weights(d, expand, model.state_per_channel, conv)
+    scan = 4 * expand * d * model.state_per_channel                     # update and read-out, 2 FLOPs each
+    rows = {}
+    for n in ns:
+        attention_layer = 2 * projections + decode_attention_flops(n, model) // layers
+        mixer_layer = 2 * mixer + scan
+        rows[n] = {"attention layer": attention_layer, "Mamba mixer": mixer_layer,
+                   "layer ratio": attention_layer / mixer_layer,
+                   "attention model": 2 * model.parameters + decode_attention_flops(n, model),
+                   "state-space model": 2 * (model.parameters + layers * (mixer - projections)) + layers * scan}
+        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["state-space model"]
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "tokens"
+    return table
 
 
 def state_space_step(state: torch.Tensor, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor):
@@ -1854,58 +2261,32 @@ def memory_table(n: int = 32_768, model: ExampleModel = ExampleModel(), window: 
     return table
 
 
-def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another (h_0 = 0)."""
-    _check_scan_inputs(a, b)
-    h, out = torch.zeros_like(b[..., 0]), []
-    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, dim=-1)
-
-
 def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The same h_t with two prefix sums in log space (Heinsen 2023): no step waits for another.
 
     h_t = P_t · Σ_(k≤t) b_k / P_k with P_t = a_1 ⋯ a_t. In logs: log h_t = log P_t +
     logcumsumexp(log b_k − log P_k). A complex logarithm carries the sign of a negative b.
     """
-    _check_scan_inputs(a, b)
+    check_steps(a, b)
+    check_log_rates(a)
     log_p = torch.cumsum(torch.log(a), dim=-1)                           # log P_t, a prefix sum
     log_b = torch.log(b.to(torch.complex128 if b.dtype == torch.float64 else torch.complex64))
     log_h = log_p + torch.logcumsumexp(log_b - log_p, dim=-1)            # the second prefix sum
     return torch.exp(log_h).real.to(b.dtype)
 
 
-def _combine(left, right):
-    """Two steps h ↦ a h + b composed: first `left`, then `right`."""
-    a1, b1 = left
-    a2, b2 = right
-    return a1 * a2, a2 * b1 + b2
-
-
-def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same h_t with PyTorch's associative scan: steps composed pairwise, in log₂ n rounds."""
-    from torch._higher_order_ops import associative_scan
-
-    _check_scan_inputs(a, b)
-    return associative_scan(_combine, (a, b), dim=a.dim() - 1, combine_mode="generic")[1]
-
-
 def scan_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The same formula without logs: P_t = exp(cumsum(log a)) underflows, so b / P_t overflows."""
-    _check_scan_inputs(a, b)
+    check_steps(a, b)
+    check_log_rates(a)
     p = torch.exp(torch.cumsum(torch.log(a), dim=-1))   # a_1 ⋯ a_t: shrinks towards 0
     return p * torch.cumsum(b / p, dim=-1)              # b / P_t: grows without bound
 
 
-def _check_scan_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
-    """a and b of one shape, rates a in (0, 1]."""
-    if a.shape != b.shape or a.dim() < 1 or a.shape[-1] < 1:
-        raise ValueError(f"a and b must have one shape with a last dimension ≥ 1, got "
-                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+def check_log_rates(a: torch.Tensor) -> None:
+    """Rates that a formula in logarithms can take: every a in (0, 1]."""
     if not bool(((a > 0) & (a <= 1)).all()):
-        raise ValueError("a must lie in (0, 1]: a rate of forgetting")
+        raise ValueError("a must lie in (0, 1] for a formula in logarithms: a rate of forgetting")
 
 
 def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
@@ -1996,24 +2377,6 @@ def prompt_cache(model, n: int, seed: int = 0):
         return model_cache(model(ids, use_cache=True))
 
 
-def _states(held) -> list:
-    """A Mamba cache layer's states as a list: transformers 5.14+ keeps a dict of tensors, 5.5 to
-    5.13 one tensor (whose own `.values()` is for sparse tensors and fails)."""
-    return list(held.values()) if isinstance(held, dict) else [held]
-
-
-def cache_layer_bytes(cache) -> list[tuple[str, int]]:
-    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors."""
-    rows = []
-    for layer in cache.layers:
-        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
-            held = _states(layer.conv_states) + _states(layer.recurrent_states)
-            rows.append(("mamba", tensor_bytes(held)))
-        else:                                        # an attention layer: every key and value
-            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
-    return rows
-
-
 def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
     """Bytes of one Mamba layer's cache from its config: a window and a state per inner channel."""
     check_positive(batch=batch, element_size=element_size)
@@ -2026,10 +2389,14 @@ def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
 
 
 def attention_layer_formula(config, n: int, batch: int = 1, element_size: int = 4) -> int:
-    """Bytes of one attention layer's cache after n tokens: a key and a value per token per kv head."""
+    """Bytes of one attention layer's cache after n tokens, from a transformers config: Part 6's
+    kv_cache_bytes for one layer of the config's shape."""
     check_positive(n=n, batch=batch, element_size=element_size)
-    head_size = config.hidden_size // config.num_attention_heads
-    return 2 * batch * config.num_key_value_heads * n * head_size * element_size
+    heads = config.num_attention_heads
+    one_layer = ExampleModel(layers=1, width=config.hidden_size, heads=heads,
+                             head_size=config.hidden_size // heads, bytes_per_number=element_size,
+                             vocabulary=config.vocab_size, kv_heads=config.num_key_value_heads)
+    return batch * kv_cache_bytes(n, one_layer)
 
 
 def real_cache_table(model, ns: Iterable[int] = (16, 64, 256), seed: int = 0) -> pd.DataFrame:
@@ -2068,6 +2435,449 @@ def _jamba_cache_table() -> pd.DataFrame:
     """The Jamba cache table of the notebook, for the command line."""
     return real_cache_table(tiny_jamba())
 
+
+
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Part 8 · 08_your_model: every cost of the book for a real model's config.json
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+
+# ── saved from notebooks/08_your_model.md by `make sync` (cells marked #@save): edit them there ──
+
+def layer_window(config: dict, i: int) -> int | None:
+    """The window of attention layer i, in tokens, or None when it sees every earlier token."""
+    window = config.get("sliding_window")
+    if window is None:
+        return None                                   # no window named: every layer sees everything
+    if isinstance(config.get("layer_types"), list):   # a config that names each layer's kind wins
+        return window if config["layer_types"][i] == "sliding_attention" else None
+    if config["model_type"] == "gemma2":              # Gemma 2: a window on layers 0, 2, 4, …
+        return window if i % 2 == 0 else None
+    if config["model_type"] in ("qwen2", "qwen3"):    # Qwen: only with the flag on, from max_window_layers up
+        on = config.get("use_sliding_window", False) and i >= config.get("max_window_layers", 0)
+        return window if on else None
+    return window                                     # Mistral: a window on every layer
+
+
+def layer_kinds(config: dict) -> list[tuple[str, int | None]]:
+    """(kind, window) of every layer: "attention", "latent" (DeepSeek's MLA) or "mamba"."""
+    layers = range(config["num_hidden_layers"])
+    if config["model_type"] == "mamba":               # a state-space model: every layer keeps a state
+        return [("mamba", None) for _ in layers]
+    if config["model_type"] == "jamba":               # attention in one layer of every period, Mamba elsewhere
+        period, offset = config["attn_layer_period"], config["attn_layer_offset"]
+        return [("attention", None) if i % period == offset else ("mamba", None) for i in layers]
+    if config["model_type"] == "deepseek_v2":         # every layer caches one compressed latent
+        return [("latent", None) for _ in layers]
+    return [("attention", layer_window(config, i)) for i in layers]
+
+
+def head_size(config: dict) -> int:
+    """Numbers in one head's key: the config's head_dim when it sets one, else width ÷ heads."""
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
+def token_bytes(config: dict, kind: str, bytes_per_number: int = 2) -> int:
+    """Bytes one layer of this kind adds to the cache for each token."""
+    if kind == "mamba":
+        return 0                                                 # a state-space layer keeps no token
+    if kind == "latent":                                         # MLA: one latent and one rotary key,
+        return (config["kv_lora_rank"]                           #   shared by every head,
+                + config["qk_rope_head_dim"]) * bytes_per_number  #   counted once
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return (2                                                    # a key and a value
+            * kv_heads                                           # for each head that keeps its own
+            * head_size(config)                                  # of head_dim numbers
+            * bytes_per_number)                                  # of this many bytes
+
+
+#: Bytes of each number of a Mamba layer's recurrent state: transformers keeps it in float32.
+STATE_NUMBER_BYTES = 4
+
+
+def state_bytes(config: dict, kind: str, bytes_per_number: int = 2) -> int:
+    """Bytes a layer keeps whatever the length: a Mamba layer's convolution window and state."""
+    if kind != "mamba":
+        return 0                                                 # attention keeps tokens, not a state
+    names = {"mamba": ("expand", "conv_kernel", "state_size"),   # Jamba names the same sizes mamba_*
+             "jamba": ("mamba_expand", "mamba_d_conv", "mamba_d_state")}[config["model_type"]]
+    expand, window, state = (config[name] for name in names)
+    inner = expand * config["hidden_size"]                       # the layer's inner channels
+    return inner * (window * bytes_per_number                    # the convolution's last `window` inputs
+                    + state * STATE_NUMBER_BYTES)                # and `state` numbers, in float32
+
+
+def cache_bytes(config: dict, tokens: int, bytes_per_number: int = 2) -> int:
+    """Bytes of one conversation's cache after `tokens` tokens, summed over the layers."""
+    tx.check_nonnegative(tokens=tokens)
+    total = 0
+    for kind, window in layer_kinds(config):
+        kept = tokens if window is None else min(tokens, window - 1)   # a window keeps its last tokens
+        total += kept * token_bytes(config, kind, bytes_per_number)    # keys and values, or the latent
+        total += state_bytes(config, kind, bytes_per_number)           # a Mamba layer's fixed state
+    return total
+
+
+def max_tokens(config: dict, free_bytes: int, bytes_per_number: int = 2, limit: int = 2 ** 40) -> int | None:
+    """The longest conversation whose cache fits in `free_bytes`; None if it never outgrows them."""
+    if cache_bytes(config, limit, bytes_per_number) <= free_bytes:
+        return None                                       # windows and states: the cache stops growing
+    low, high = 0, limit                                  # the cache grows with the tokens: bisect
+    while high - low > 1:
+        mid = (low + high) // 2
+        fits = cache_bytes(config, mid, bytes_per_number) <= free_bytes
+        low, high = (mid, high) if fits else (low, mid)
+    return low
+
+
+def count_model_pairs(config: dict, n: int) -> float:
+    """Multiply-adds on pairs of positions in one causal pass over n tokens, every layer."""
+    total = 0.0
+    for kind, window in layer_kinds(config):
+        if kind == "mamba":
+            continue                                              # a state-space layer has no pairs
+        w = window or n
+        pairs = n * n / 2 if n <= w else n * w - w * w / 2        # causal pairs, or a band of w
+        latent = kind == "latent"
+        key = config["qk_nope_head_dim"] + config["qk_rope_head_dim"] if latent else head_size(config)
+        value = config["v_head_dim"] if latent else head_size(config)
+        total += pairs * config["num_attention_heads"] * (key + value)   # a score and a mix, every head
+    return total
+
+
+def crossing_tokens(config: dict, weights_per_token: int, limit: int = 2 ** 40) -> int | None:
+    """The fewest tokens at which the pairs cost as much as the weights; None if they never do."""
+    overtaken = lambda n: count_model_pairs(config, n) >= n * weights_per_token  # noqa: E731
+    if not overtaken(limit):
+        return None
+    low, high = 0, limit                                          # pairs per token only grow: bisect
+    while high - low > 1:
+        low, high = (low, (low + high) // 2) if overtaken((low + high) // 2) else ((low + high) // 2, high)
+    return high
+
+# ── end of the cells saved from notebooks/08_your_model.md ──
+
+
+#: The architecture fields of real published config.json files, shipped with the package.
+CONFIG_DIR = Path(__file__).resolve().parent / "tx_model_configs"
+
+#: The model types Part 8 can price, and the fields each needs beyond `num_hidden_layers`.
+MODEL_FIELDS = {
+    "llama": ("hidden_size", "num_attention_heads"),
+    "mistral": ("hidden_size", "num_attention_heads"),
+    "qwen2": ("hidden_size", "num_attention_heads"),
+    "qwen3": ("hidden_size", "num_attention_heads"),
+    "gemma2": ("hidden_size", "num_attention_heads"),
+    "deepseek_v2": ("hidden_size", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
+                    "qk_nope_head_dim", "v_head_dim"),
+    "mamba": ("hidden_size", "state_size", "conv_kernel", "expand"),
+    "jamba": ("hidden_size", "num_attention_heads", "attn_layer_period", "attn_layer_offset",
+              "mamba_d_state", "mamba_d_conv", "mamba_expand"),
+}
+
+
+def shipped_configs() -> dict[str, dict]:
+    """The shipped configs by name (file stem): Llama-2-7B … Jamba-v0.1, each with its `_source`."""
+    return {path.stem: read_config(path) for path in sorted(CONFIG_DIR.glob("*.json"))}
+
+
+def read_config(source) -> dict:
+    """A Hugging Face config as a plain dict, checked: a config.json path, a dict, or a config object.
+
+    Raises ValueError naming a missing file, malformed JSON, a missing field, an unsupported
+    model_type or a size that is not a positive whole number."""
+    import json
+
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"config: no such file: {path}")
+        try:
+            source = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"config: {path} is not valid JSON ({error})") from None
+    elif hasattr(source, "to_dict"):
+        source = source.to_dict()             # a transformers config object
+    if not isinstance(source, dict):
+        raise ValueError(f"config must be a config.json path, a dict or a config object, got "
+                         f"{type(source).__name__}")
+    config = dict(source)
+    check_config(config)
+    return config
+
+
+def check_config(config: dict) -> None:
+    """Raise ValueError naming the first field Part 8 needs and the config lacks or gets wrong."""
+    kind = config.get("model_type")
+    if kind not in MODEL_FIELDS:
+        raise ValueError(f"model_type {kind!r} is not supported; supported: {', '.join(MODEL_FIELDS)}")
+    for field in ("num_hidden_layers",) + MODEL_FIELDS[kind]:
+        if config.get(field) is None:
+            raise ValueError(f"config ({kind}): missing field {field!r}")
+    sizes = {f: config[f] for f in ("num_hidden_layers", "num_key_value_heads", "head_dim", "sliding_window",
+                                    "intermediate_size", "vocab_size") + MODEL_FIELDS[kind]
+             if config.get(f) is not None and f != "attn_layer_offset"}
+    check_positive(**sizes)
+    check_nonnegative(**{f: config[f] for f in ("attn_layer_offset", "max_window_layers") if f in config})
+    if kind == "jamba" and config["attn_layer_offset"] >= config["attn_layer_period"]:
+        raise ValueError(f"attn_layer_offset must be below attn_layer_period "
+                         f"({config['attn_layer_period']}), got {config['attn_layer_offset']}")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise ValueError(f"num_key_value_heads must divide num_attention_heads ({heads}), got {kv}")
+
+
+def transformers_config(config: dict, layers: int | None = None):
+    """The transformers config object for a checked config dict, optionally with fewer layers."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in config.items()
+              if not k.startswith("_") and k not in ("torch_dtype", "dtype", "architectures", "model_type",
+                                                       "transformers_version")}
+    if layers is not None:
+        check_positive(layers=layers)
+        fields["num_hidden_layers"] = layers
+        if isinstance(fields.get("layer_types"), list):          # keep the pattern of the first layers
+            fields["layer_types"] = fields["layer_types"][:layers]
+    with _quiet_transformers():
+        return AutoConfig.for_model(config["model_type"], **fields)
+
+
+def meta_model(config: dict, layers: int | None = None, bytes_per_number: int = 2):
+    """The real transformers model of a config, built on PyTorch's meta device: every tensor has its
+    real shape and dtype and no data, so building and running it costs no memory and no download."""
+    from transformers import AutoModelForCausalLM
+
+    if bytes_per_number not in DTYPES:
+        raise ValueError(f"bytes_per_number must be one of {sorted(DTYPES)}, got {bytes_per_number!r}")
+    with torch.device("meta"), _quiet_transformers():
+        return AutoModelForCausalLM.from_config(transformers_config(config, layers),
+                                                dtype=DTYPES[bytes_per_number]).eval()
+
+
+def layers_to_build(config: dict) -> int:
+    """The fewest first layers that hold every kind of layer of the config in its own order:
+    1 for a uniform stack, 2 for Gemma 2 (window, global) and DeepSeek (dense, then experts),
+    attn_layer_offset + 1 for Jamba. The cache of a layer depends only on its own shapes."""
+    kinds = [(kind, window) for kind, window in layer_kinds(config)]
+    needed = max(kinds.index(k) for k in set(kinds)) + 1
+    if config["model_type"] == "deepseek_v2":
+        needed = max(needed, min(config["num_hidden_layers"], config.get("first_k_dense_replace", 0) + 1))
+    return needed
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    """Every tensor a transformers 5 cache holds: keys and values of attention layers, the
+    convolution windows and recurrent states of Mamba layers."""
+    held = []
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            held.append(getattr(layer, name, None))
+        for name in ("conv_states", "recurrent_states"):
+            held.extend(_states(getattr(layer, name, {})))
+    return [t for t in held if t is not None]
+
+
+def measure_cache(model, tokens: int) -> int:
+    """Bytes of the cache a model returns for a prompt of `tokens` tokens: numel × element_size
+    of every cache tensor (on the meta device the prompt is free: it has a shape and no data)."""
+    check_positive(tokens=tokens)
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, tokens), dtype=torch.long, device=device)
+    with torch.no_grad(), _quiet_transformers():
+        cache = model_cache(model(ids, use_cache=True))
+    return tensor_bytes(cache_tensors(cache))
+
+
+def cache_check_table(configs: dict[str, dict], lengths: Iterable[int] = (7, 33, 4100),
+                      state_lengths: Iterable[int] = (7, 33), bytes_per_number: int = 2) -> pd.DataFrame:
+    """For every config: build its first layers on the meta device (`layers_to_build`), run prompts,
+    and set the measured cache bytes beside the formula's `cache_bytes` for the same layers.
+
+    Models with Mamba layers run the shorter `state_lengths`: transformers' reference scan walks
+    the prompt token by token, even on the meta device."""
+    rows = []
+    for name, config in configs.items():
+        built = layers_to_build(config)
+        model = meta_model(config, built, bytes_per_number)
+        small = {**config, "num_hidden_layers": built}
+        if isinstance(config.get("layer_types"), list):
+            small["layer_types"] = config["layer_types"][:built]
+        has_state = any(kind == "mamba" for kind, _ in layer_kinds(config))
+        for n in (state_lengths if has_state else lengths):
+            rows.append({"prompt": f"{name}, {n:,} tokens", "model": name, "tokens": n, "layers built": built,
+                         "measured bytes": measure_cache(model, n),
+                         "formula bytes": cache_bytes(small, n, bytes_per_number)})
+    table = pd.DataFrame(rows)
+    table["equal"] = table["measured bytes"] == table["formula bytes"]
+    return table.set_index("prompt")
+
+
+def _is_routed_expert(name: str) -> bool:
+    """A parameter of a routed expert (read only when the router picks it), not a shared expert."""
+    return "experts" in name.split(".")
+
+
+def meta_weights(config: dict, bytes_per_number: int = 2) -> tuple[int, int]:
+    """(every weight, the weights one token reads) counted on the full model built on the meta device.
+
+    A mixture-of-experts layer runs num_experts_per_tok of its routed experts for a token: the
+    others are not read. Dense models read every weight."""
+    model = meta_model(config, None, bytes_per_number)
+    total = sum(p.numel() for p in model.parameters())
+    routed = sum(p.numel() for name, p in model.named_parameters() if _is_routed_expert(name))
+    experts = config.get("n_routed_experts") or config.get("num_experts") or 1
+    chosen = config.get("num_experts_per_tok") or experts
+    return total, total - routed + routed * chosen // experts
+
+
+def weights_per_token(config: dict, read: int) -> int:
+    """Multiply-adds with the weights for one token: every weight read, but the input embedding,
+    which is looked up, not multiplied (unless it is tied to the output layer)."""
+    tied = config.get("tie_word_embeddings", config["model_type"] in ("gemma2", "mamba"))
+    return read - (0 if tied else config.get("vocab_size", 0) * config["hidden_size"])
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A stated accelerator for Part 8: memory sizes to fill and a memory bandwidth."""
+    memories_gib: tuple[float, ...] = (24, 80)
+    bytes_per_second: float = 1e12       # 1 TB/s, the book's example accelerator
+
+    def __post_init__(self):
+        check_positive_number(bytes_per_second=self.bytes_per_second,
+                              **{f"memories_gib[{i}]": g for i, g in enumerate(self.memories_gib)})
+
+
+def model_costs(config: dict, weights: tuple[int, int], accelerator: Accelerator = Accelerator(),
+                tokens: Iterable[int] = (8192, 131072), bytes_per_number: int = 2,
+                decode_at: int = 8192) -> dict:
+    """Every cost of the book for one model: cache a token, fixed state, cache at each length,
+    longest conversation in each memory after the weights, decode time a token, crossing length."""
+    total, read = weights
+    kinds = layer_kinds(config)
+    costs = {
+        "kv_bytes_per_token": sum(token_bytes(config, k, bytes_per_number) for k, _ in kinds),
+        "state_bytes": sum(state_bytes(config, k, bytes_per_number) for k, _ in kinds),
+        "weights": total, "weights_read_per_token": read,
+        "weight_bytes": total * bytes_per_number,
+        "cache_bytes": {n: cache_bytes(config, n, bytes_per_number) for n in tokens},
+        "max_tokens": {}, "weights_fit": {},
+    }
+    for gib in accelerator.memories_gib:
+        free = int(gib * GIB) - costs["weight_bytes"]
+        costs["weights_fit"][gib] = free >= 0
+        costs["max_tokens"][gib] = max_tokens(config, free, bytes_per_number) if free >= 0 else 0
+    read_bytes = read * bytes_per_number + cache_bytes(config, decode_at, bytes_per_number)
+    costs["decode_at"] = decode_at
+    costs["decode_seconds"] = read_bytes / accelerator.bytes_per_second   # one conversation, bandwidth-bound
+    costs["crossing_tokens"] = crossing_tokens(config, weights_per_token(config, read))
+    costs["layers"] = [
+        {"kind": kind, "window": window, "layers": kinds.count((kind, window)),
+         "bytes_per_token": token_bytes(config, kind, bytes_per_number),
+         "state_bytes": state_bytes(config, kind, bytes_per_number)}
+        for kind, window in dict.fromkeys(kinds)]
+    return costs
+
+
+class _WholeOrWord:
+    """A display format for a column of whole numbers and words ("no limit"): commas for the numbers."""
+
+    @staticmethod
+    def format(value) -> str:
+        return f"{value:,}" if isinstance(value, numbers.Integral) else str(value)
+
+
+#: Pass as a column's format to `show_table` when the column mixes whole numbers and words.
+WHOLE_OR_WORD = _WholeOrWord()
+
+
+def key_name(name: str) -> str:
+    """A model's name as part of a glue key: letters, digits and underscores."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def costs_table(costs: dict[str, dict], accelerator: Accelerator = Accelerator()) -> pd.DataFrame:
+    """One row per model, side by side: bytes in KiB, MiB or GiB (2^10, 2^20, 2^30 bytes), as labelled."""
+    rows = {}
+    for name, c in costs.items():
+        row = {"KiB a token": c["kv_bytes_per_token"] / KIB, "state MiB": c["state_bytes"] / MIB}
+        for n, b in c["cache_bytes"].items():
+            row[f"GiB at {n:,}"] = b / GIB
+        row["weights (billions)"] = c["weights"] / 1e9
+        for gib in accelerator.memories_gib:
+            fit = c["max_tokens"][gib]
+            row[f"tokens in {gib:g} GiB"] = ("no room" if not c["weights_fit"][gib]
+                                             else "no limit" if fit is None else fit)
+        row[f"ms a token at {c['decode_at']:,}"] = 1e3 * c["decode_seconds"]
+        row["pairs overtake at"] = "never" if c["crossing_tokens"] is None else c["crossing_tokens"]
+        rows[name] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table
+
+
+def costs_text(costs: dict[str, dict], accelerator: Accelerator = Accelerator()) -> str:
+    """`costs_table` as plain text, one column a model: whole numbers with commas, others to 2 decimals."""
+    def cell(value) -> str:
+        if isinstance(value, numbers.Integral):
+            return f"{value:,}"
+        return f"{value:,.2f}" if isinstance(value, numbers.Real) else str(value)
+
+    return costs_table(costs, accelerator).map(cell).T.to_string()
+
+
+def model_cli(argv: list[str]) -> dict:
+    """`python scripts/tx_part4.py model PATH/config.json …`: Part 8's costs for one config.json."""
+    import argparse
+
+    default = Accelerator()
+    parser = argparse.ArgumentParser(prog="tx_part4.py model", description="Every cost of the book for a "
+                                     "model's config.json: cache a token, state, longest conversation, decode time")
+    parser.add_argument("config", help="a Hugging Face config.json")
+    parser.add_argument("--memory-gib", type=float, nargs="+", default=list(default.memories_gib),
+                        help="accelerator memory in GiB (default: 24 80)")
+    parser.add_argument("--tb-per-second", type=float, default=default.bytes_per_second / 1e12,
+                        help="memory bandwidth in TB/s (10^12 bytes a second; default 1)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 131072],
+                        help="conversation lengths to price (default: 8192 131072)")
+    parser.add_argument("--bytes", type=int, default=2, help="bytes a number (default 2: bfloat16)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        check_positive(**{"--bytes": args.bytes}, **{f"--tokens[{i}]": n for i, n in enumerate(args.tokens)})
+        check_positive_number(**{f"--memory-gib[{i}]": g for i, g in enumerate(args.memory_gib)},
+                              **{"--tb-per-second": args.tb_per_second})
+        accelerator = Accelerator(tuple(args.memory_gib), args.tb_per_second * 1e12)
+        if args.bytes not in DTYPES:
+            raise ValueError(f"--bytes must be one of {sorted(DTYPES)}, got {args.bytes}")
+        config = read_config(args.config)
+    except ValueError as error:
+        parser.error(str(error))
+    costs = model_costs(config, meta_weights(config, args.bytes), accelerator, args.tokens, args.bytes,
+                        decode_at=args.tokens[0])
+    return {"config": str(args.config), "source": config.get("_source"), "model_type": config["model_type"],
+            "bytes_per_number": args.bytes, "memory_gib": args.memory_gib, "bytes_per_second": args.tb_per_second * 1e12,
+            **costs, "json": args.json}
+
+
+def _print_model(result: dict) -> None:
+    """Print `model_cli`'s result: one JSON object, or a table and one line a kind of layer."""
+    import json
+
+    as_json = result.pop("json")
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+        return
+    print(f"\n== {result['config']} ({result['model_type']}, {result['bytes_per_number']} bytes a number)")
+    for layer in result["layers"]:
+        window = f", window {layer['window']:,}" if layer["window"] else ""
+        print(f"  {layer['layers']} {layer['kind']} layer(s){window}: {layer['bytes_per_token']:,} B a token, "
+              f"{layer['state_bytes']:,} B of fixed state each")
+    print(costs_text({Path(result["config"]).stem: result},
+                     Accelerator(tuple(result["memory_gib"]), result["bytes_per_second"])))
+
+
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Command line: print every table of the book
 # ═══════════════════════════════════════════════════════════════════════════════════════════
@@ -2082,8 +2892,13 @@ def main(argv: list[str] | None = None) -> None:
     """Print every registered table of the book, plain text, in the order of the parts.
 
     `python scripts/tx_part4.py kv --layers 32 --heads 32 --kv-heads 8 --head-size 128 --bytes 2`
-    prints Part 6's cache table for another model (`kv --help` lists the options)."""
+    prints Part 6's cache table for another model (`kv --help` lists the options);
+    `python scripts/tx_part4.py model PATH/config.json [--json]` prints Part 8's costs for a real
+    model's config (`model --help` lists the options)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["model"]:
+        _print_model(model_cli(argv[1:]))
+        return
     pd.set_option("display.width", 140)
     pd.set_option("display.max_colwidth", 60)
     tables = kv_cli(argv[1:]) if argv[:1] == ["kv"] else ((title, make()) for title, make in TABLES)

@@ -212,30 +212,142 @@ def download_problems(page: str, page_url: str, hrefs: list[str], html_dir: Path
 
 # ── the browser's console ─────────────────────────────────────────────────────────────────
 
-#: Off-site files a page may fail to load here (the tests have no network): MathJax's CDN.
-#: A reader online gets them; any other off-site failure is a finding.
-OFFSITE_ALLOWED = ("https://cdn.jsdelivr.net/npm/mathjax@3/",)
-
 
 def console_problems(page: str, entries: list[dict], base_url: str) -> list[str]:
-    """The SEVERE entries of the browser's log, less the allowed off-site loads and the
-    browser's own guess at /favicon.ico (the book names no icon; its server root is not ours)."""
+    """The SEVERE entries of the browser's log, less the browser's own guess at /favicon.ico
+    (the book names no icon; its server root is not ours). A failed off-site load is a finding:
+    the site serves everything itself, MathJax included."""
     problems = []
     for entry in entries:
         if entry.get("level") != "SEVERE":
             continue
         message = entry.get("message", "")
         url = message.split(" ", 1)[0]
-        if url == f"{base_url}/favicon.ico" or url.startswith(OFFSITE_ALLOWED):
+        if url == f"{base_url}/favicon.ico":
             continue
         problems.append(f"{page}: console error: {message}")
+    return problems
+
+
+# ── a self-contained site: math typeset, nothing requested off the site ───────────────────
+
+#: Raw TeX a reader must never see: MathJax's inline and display delimiters, and $$.
+RAW_TEX = re.compile(r"\\\(|\\\[|\$\$")
+#: Schemes of URLs that never leave the page: nothing is fetched for them.
+NO_FETCH = ("data:", "blob:", "about:")
+
+
+def raw_tex_problems(page: str, text: str, untypeset: list[str], errors: list[str]) -> list[str]:
+    """Formulas left as TeX: delimiters in the page's visible prose (code removed), math elements
+    without MathJax's output (mjx-container), and formulas MathJax could not typeset (merror)."""
+    problems = []
+    for found in RAW_TEX.finditer(text):
+        around = " ".join(text[max(0, found.start() - 30):found.end() + 50].split())
+        problems.append(f"{page}: raw TeX {found.group(0)} shown as text: ...{around}...")
+    for tex in untypeset:
+        problems.append(f"{page}: formula {' '.join(tex.split())[:80]} was not typeset by "
+                        f"MathJax (no mjx-container)")
+    for error in errors:
+        problems.append(f"{page}: MathJax could not typeset a formula: {error[:80]}")
+    return problems
+
+
+def is_local(url: str, base_url: str) -> bool:
+    """Is a URL this site's own (or one that fetches nothing)?"""
+    return url == base_url or url.startswith(base_url + "/") or url.startswith(NO_FETCH)
+
+
+def offsite_requests(page: str, entries: list[dict], base_url: str) -> list[str]:
+    """Every request the browser made for a page that is not to the site itself, read from
+    Chrome's performance log (the DevTools Network events that chromedriver records). A request
+    counts when the page's document made it, or when it is http(s)/ws(s) from anywhere."""
+    import json
+
+    problems = []
+    for entry in entries:
+        message = json.loads(entry["message"])["message"]
+        params = message.get("params", {})
+        if message.get("method") == "Network.requestWillBeSent":
+            url, document = params.get("request", {}).get("url", ""), params.get("documentURL", "")
+        elif message.get("method") == "Network.webSocketCreated":
+            url, document = params.get("url", ""), ""
+        else:
+            continue
+        ours = is_local(document, base_url) and not document.startswith(NO_FETCH)
+        web = urlsplit(url).scheme in ("http", "https", "ws", "wss", "ftp")
+        if not is_local(url, base_url) and (ours or web):
+            problem = f"{page}: requests {url}, which is not on the site"
+            if problem not in problems:
+                problems.append(problem)
+    return problems
+
+
+#: Elements whose attribute makes the browser fetch a file.
+FETCHED = (("script", "src"), ("link", "href"), ("img", "src"), ("iframe", "src"),
+           ("source", "src"), ("video", "src"), ("audio", "src"), ("embed", "src"),
+           ("object", "data"), ("video", "poster"))
+
+
+def offsite_resources(html_dir: Path, pages: list[str] | None = None) -> list[str]:
+    """Every <script src>, <link href>, <img src> (and srcset) and the like, in every page's
+    HTML, names a file of the site itself: no CDN, no other host, no protocol-relative //."""
+    problems = []
+    for page in pages if pages is not None else html_pages(html_dir):
+        soup = parsed((html_dir / page).resolve())
+        for tag, attr in FETCHED:
+            for element in soup.find_all(tag, attrs={attr: True}):
+                urls = [(attr, element[attr].strip())]
+                urls += [("srcset", part.split()[0])
+                         for part in element.get("srcset", "").split(",") if part.strip()]
+                for name, url in urls:
+                    parts = urlsplit(url)
+                    if (parts.scheme or parts.netloc) and not url.startswith(NO_FETCH):
+                        problems.append(f"{page}: <{tag} {name}=\"{url}\"> loads a file from "
+                                        f"outside the site")
+    return problems
+
+
+# ── accessibility (axe-core) ──────────────────────────────────────────────────────────────
+
+#: The impacts that fail the build. Moderate and minor ones are counted and reported only
+#: (today: the theme's sidebar outside a landmark, `region`, moderate; pandas tables' empty
+#: index header, `empty-table-header`, minor).
+AXE_FAILING = ("critical", "serious")
+#: Violations of the theme (sphinx-book-theme), not of the book's content, that do not fail the
+#: build: (rule, CSS selector of the element) -> why. Empty today: axe-core 4.9.1 finds no
+#: critical or serious violation in the theme.
+AXE_THEME_EXCLUDED: dict[tuple[str, str], str] = {}
+IMPACTS = ("critical", "serious", "moderate", "minor")
+
+
+def axe_counts(results: dict) -> dict[str, int]:
+    """Elements with a violation, by impact (an element counted once per rule it breaks)."""
+    counts = dict.fromkeys(IMPACTS, 0)
+    for violation in results.get("violations", []):
+        counts[violation.get("impact") or "minor"] += len(violation["nodes"])
+    return counts
+
+
+def axe_problems(page: str, results: dict,
+                 excluded: dict[tuple[str, str], str] = AXE_THEME_EXCLUDED) -> list[str]:
+    """Each critical or serious violation axe found on a page: rule, impact, element, help."""
+    problems = []
+    for violation in results.get("violations", []):
+        if violation.get("impact") not in AXE_FAILING:
+            continue
+        for node in violation["nodes"]:
+            target = " ".join(str(t) for t in node.get("target", []))
+            if (violation["id"], target) in excluded:
+                continue
+            problems.append(f"{page}: axe {violation['id']} ({violation['impact']}): "
+                            f"{violation['help']}, at {target}: {node.get('html', '')[:160]}")
     return problems
 
 
 # ── links of the static site ──────────────────────────────────────────────────────────────
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parsed(path: Path):
     """A page parsed with BeautifulSoup (cached: pages are read once per run)."""
     from bs4 import BeautifulSoup
@@ -243,7 +355,7 @@ def parsed(path: Path):
     return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ids_of(path: Path) -> frozenset[str]:
     """Every id (and old-style name anchor) of a page."""
     soup = parsed(path)
@@ -305,7 +417,7 @@ class SiteServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "SiteServer":
+    def __enter__(self) -> SiteServer:
         self.thread.start()
         return self
 

@@ -23,7 +23,7 @@ def test_a_notebook_over_budget_is_named_in_a_warning_line():
 
 def test_the_build_does_not_fail_on_time(monkeypatch, capsys):
     """build() prints the report after every check, and returns normally past the budget."""
-    for step in ("check_sync", "write_ledger", "html", "check_numbers"):
+    for step in ("check_sync", "write_ledger", "write_exercises", "html", "check_numbers"):
         monkeypatch.setattr(book, step, lambda *args, **kwargs: None)
     monkeypatch.setattr(book, "execute", lambda **kwargs: {"03_late": book.BUDGET_NOTEBOOK * 2})
     book.build()
@@ -38,13 +38,12 @@ def test_the_pinned_environment_leaves_out_the_slow_imports():
     notebook) and SciPy (transformers imports it with every model: 1 s a page). requirements.txt
     pins jsonschema below 4.25 and requirements-nodeps.txt installs the model package alone.
     """
+    from contextlib import suppress
     from importlib.metadata import PackageNotFoundError, version
 
     installed = []
     for name in ("rfc3987-syntax", "scipy"):
-        try:
+        with suppress(PackageNotFoundError):
             installed.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            pass
     assert not installed, (f"{', '.join(installed)} installed: it slows every build; see the "
                            f"comments in requirements.txt and requirements-nodeps.txt")

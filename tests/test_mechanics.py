@@ -108,3 +108,45 @@ def test_figures_reach_the_page_even_when_the_environment_says_agg(tmp_path, mon
     assert error is None
     outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
     assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_a_saved_function_edited_without_sync_fails_naming_it(tmp_path, monkeypatch):
+    """A reader edits a #@save cell in a notebook and does not run `make sync`: the pair check
+    fails and names the function whose two copies differ."""
+    md = book.NOTEBOOKS / "01_costs.md"
+    saved = book.saved_cells(md)
+    assert any("def attention_core(" in cell for cell in saved), "Part 1 saves attention_core"
+    text = md.read_text(encoding="utf-8")
+    edited = text.replace("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores * 2, dim=-1)")
+    assert edited != text
+    for other in book.notebook_sources():
+        (tmp_path / other.name).write_text(other.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / md.name).write_text(edited, encoding="utf-8")
+    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path)
+    with pytest.raises(book.BuildError, match=r"01_costs.md and scripts/tx_part4.py disagree on `attention_core`"):
+        book.check_saved()
+
+
+def test_sync_writes_the_edit_into_the_module(tmp_path, monkeypatch):
+    """`make sync` carries an edited saved cell into the module, and the check then passes."""
+    for other in book.notebook_sources():                  # every page: the module has their blocks
+        (tmp_path / other.name).write_text(other.read_text(encoding="utf-8"), encoding="utf-8")
+    md = tmp_path / "01_costs.md"
+    md.write_text(md.read_text(encoding="utf-8").replace(
+        "# hidden pairs get weight 0", "# hidden pairs get no weight"), encoding="utf-8")
+    module = tmp_path / "tx_part4.py"
+    module.write_text(book.MODULE.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path)
+    with pytest.raises(book.BuildError, match="attention_core"):
+        book.check_saved(module)
+    book.sync_saved(module)
+    book.check_saved(module)
+    assert "# hidden pairs get no weight" in module.read_text(encoding="utf-8")
+
+
+def test_a_saved_cell_that_runs_code_is_refused(tmp_path, monkeypatch):
+    page = tmp_path / "09_x.md"
+    page.write_text("# T\n\n```{code-cell} ipython3\n#@save\ndef f():\n    return 1\n\nprint(f())\n```\n",
+                    encoding="utf-8")
+    with pytest.raises(book.BuildError, match="may only define"):
+        book.saved_cells(page)

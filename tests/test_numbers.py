@@ -1,13 +1,7 @@
 """The number check itself: drifts, missing and unexpected keys fail, with a readable table."""
 
 import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-import nbformat
 import pytest
 
 import book
@@ -15,7 +9,7 @@ from book import Glued, compare, problem_table
 
 EXPECTED = {
     "01_costs": {
-        "core_27": {"kind": "exact", "value": 746496, "seed": 746496},
+        "core_27": {"kind": "exact", "value": 746496, "published": 746496},
         "ratio": {"kind": "close", "value": 0.5, "tol": 1e-6},
         "norm": {"kind": "seeded", "value": 0.297, "tol": 0.05},
         "wall_ms": {"kind": "measured", "value": 4.2},
@@ -74,10 +68,10 @@ def test_a_type_change_is_a_drift():
     assert [p.key for p in compare(EXPECTED, glued(core_27=746496.0))] == ["core_27"]
 
 
-def test_disagreeing_with_the_seed_fails():
-    expected = {"p": {"k": {"kind": "exact", "value": 5, "seed": 6}}}
+def test_disagreeing_with_the_published_value_fails():
+    expected = {"p": {"k": {"kind": "exact", "value": 5, "published": 6}}}
     assert [p.reason for p in compare(expected, {"p": {"k": Glued(5)}})] == [
-        "disagrees with the seed articles"]
+        "disagrees with the companion articles"]
 
 
 @pytest.mark.parametrize("value,seed,agrees", [
@@ -86,12 +80,12 @@ def test_disagreeing_with_the_seed_fails():
     (12288, 12288, True), (12289, 12288, False), (True, True, True),
 ])
 def test_agreement_with_published_rounding(value, seed, agrees):
-    assert book.agrees_with_seed(value, seed) is agrees
+    assert book.agrees_with_published(value, seed) is agrees
 
 
 def test_numbers_file_round_trip(tmp_path):
     data = {"01_costs": {
-        "a": {"kind": "exact", "value": 12288, "seed": 12288, "meaning": 'say "why"'},
+        "a": {"kind": "exact", "value": 12288, "published": 12288, "meaning": 'say "why"'},
         "cost.10.self-attention_n²d": {"kind": "close", "value": 1e-09, "tol": 1e-6},
         "flag": {"kind": "exact", "value": False},
     }}
@@ -153,3 +147,13 @@ def test_the_ledger_rows_are_escaped_html_with_a_status_each():
     assert text.count("<tr>") == 3                                               # a head, two rows
     assert "✅ ok" in text and "❌ drifted" in text
     assert text.count("```{raw} html") == 1 and "## [01_a](../notebooks/01_a.md)" in text
+
+
+def test_a_recorded_value_must_be_there_as_a_number():
+    """A value from a committed GPU record: any number passes, a missing or non-number one fails."""
+    expected = {"p": {"gpu_ms": {"kind": "recorded", "value": 0.99}}}
+    assert book.compare(expected, {"p": {"gpu_ms": book.Glued(1.7)}}) == []
+    (problem,) = book.compare(expected, {"p": {"gpu_ms": book.Glued("n/a")}})
+    assert "recorded value must be a finite number" in problem.reason
+    (problem,) = book.compare(expected, {"p": {}})
+    assert problem.reason.startswith("missing")

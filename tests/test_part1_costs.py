@@ -14,12 +14,12 @@ SIZES = [(n, d) for n in (1, 2, 5, 17, 33) for d in (1, 3, 8, 64)]
 def brute_force_attention(n, d):
     """Count the multiplications of QKᵀ and weights·V one by one, with loops."""
     count = 0
-    for i in range(n):
-        for j in range(n):
-            count += d          # score (i, j): a dot product of d numbers
-    for i in range(n):
-        for j in range(n):
-            count += d          # output row i gets weight (i, j) times value row j
+    for _query in range(n):
+        for _key in range(n):
+            count += d          # score (query, key): a dot product of d numbers
+    for _row in range(n):
+        for _value in range(n):
+            count += d          # output row gets weight (row, value) times that value
     return count
 
 
@@ -87,7 +87,7 @@ def test_crossing_by_search():
     for width, heads in ((64, 4), (128, 2), (256, 4)):
         model = tx.ExampleModel(width=width, heads=heads, head_size=width // heads, kv_heads=heads)
         n = 1
-        while tx.pair_work(n, model) < tx.weight_work(n, model):
+        while tx.count_pairs(n, model) < tx.count_weights(n, model):
             n += 1
         assert n == tx.crossing_length(model) == 12 * width
 
@@ -131,7 +131,7 @@ def test_sentence_lengths_count_special_tokens():
     (lambda: tx.count_restricted(4, 4, 0), "r"),
     (lambda: tx.table1_terms(4, 4, r=-2), "r"),
     (lambda: tx.hand_check(True, 4), "n"),
-    (lambda: tx.pair_work(0), "n"),
+    (lambda: tx.count_pairs(0), "n"),
     (lambda: tx.ExampleModel(width=1000), "heads * head_size"),
     (lambda: tx.ExampleModel(kv_heads=3), "kv_heads"),
     (lambda: tx.ExampleModel(layers=0), "layers"),

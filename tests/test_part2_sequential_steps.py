@@ -79,7 +79,7 @@ def test_a_chain_of_5000_links_needs_no_recursion():
     h = leaf
     for _ in range(5000):
         h = h * 1.0001                              # one MulBackward per link
-    assert 5000 > sys.getrecursionlimit()
+    assert sys.getrecursionlimit() < 5000
     assert tx.graph_depth(h) == 5000 + 1            # 5,000 multiplications and the leaf
     assert tx.graph_depth(h) == networkx_depth(h)
     assert len(tx.longest_chain(h)) == 5001
@@ -165,3 +165,69 @@ def test_bad_input_names_the_argument():
         tx.waiting_time(5, 0)
     with pytest.raises(ValueError, match="positions"):
         tx.time_slots(0, True)
+
+
+@pytest.mark.parametrize("n,d", [(3, 4), (16, 8), (9, 32)])
+def test_the_timed_layers_do_the_counted_work(n, d):
+    """The attention step does 3nd² + 2n²d multiply-adds, the loop 2nd², as FlopCounterMode counts."""
+    Wq, Wk, Wv, W, U = tx.random_weights(5, d)
+    x = torch.randn(n, d)
+    assert tx.flops(tx.self_attention_layer, x, Wq, Wk, Wv) == 2 * (3 * n * d * d + 2 * n * n * d)
+    assert tx.flops(tx.recurrent_layer, x, W, U) == 2 * (2 * n * d * d)
+    assert tx.flops(torch.matmul, x, U) == tx.flops(tx.recurrent_chain, x, U) == 2 * n * d * d
+
+
+def test_time_call_without_warmup_counts_the_first_run():
+    calls = []
+    stats = tx.time_call(lambda: calls.append(1), min_runs=2, min_time=0.0, warmup=False)
+    assert stats["runs"] == 2 and len(calls) == 2
+    calls.clear()
+    stats = tx.time_call(lambda: calls.append(1), min_runs=2, min_time=0.0)
+    assert stats["runs"] == 2 and len(calls) == 3            # one warm-up, two timed
+
+
+def test_price_of_waiting_times_both_ways():
+    torch.set_num_threads(1)
+    x, U = torch.randn(8, 16), tx.random_weights(1, 16)[0]
+    price = tx.price_of_waiting(x, U)
+    assert price["product ms"] > 0 and price["chain ms"] > 0
+    assert math.isclose(price["chain / product"], price["chain ms"] / price["product ms"])
+
+
+def test_restricted_attention_depth_is_the_same_at_every_length():
+    Wq, Wk, Wv = tx.random_weights(3, 8, requires_grad=True)
+    depths = set()
+    for n in (18, 40, 300):
+        x = torch.randn(n, 8)
+        depths.add(tx.graph_depth(tx.banded_attention(x @ Wq, x @ Wk, x @ Wv, r=17)))
+    assert len(depths) == 1
+
+
+def test_the_recorded_measurement_matches_its_committed_file():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "measurements" / "h200-2026-11-30.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert "h200-2026-11-30-gpu.json" in saved.pop("source")
+    record = json.loads(json.dumps(tx.RECORDED_H200))          # int keys and tuples as JSON has them
+    assert saved == record
+
+
+def test_recorded_tables_keep_the_record():
+    wall, waiting = tx.recorded_tables()
+    record = tx.RECORDED_H200
+    assert list(wall.index) == list(record["wall_time"])
+    assert wall.loc[4096, "GPU loop ms"] == record["wall_time"][4096]["gpu"][1]
+    assert wall.loc[16, "1 thread attention ms"] == record["wall_time"][16]["cpu1"][0]
+    gpu = record["waiting_isolated"][4096]["gpu"]
+    assert math.isclose(waiting.loc[4096, "GPU chain / product"], gpu[1] / gpu[0])
+
+
+def test_generation_takes_one_forward_pass_per_token():
+    model = tx.hf_model(tx.ExampleModel(layers=1, width=32, heads=2, head_size=16, kv_heads=2,
+                                        vocabulary=64, bytes_per_number=4))
+    prompt = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(0))
+    for use_cache in (True, False):
+        passes, tokens = tx.forward_passes(model, prompt, 5, use_cache=use_cache)
+        assert passes == len(tokens) == 5

@@ -2,7 +2,6 @@
 search, closed formulas, real Conv1d gradients, and the encoder's attention recomputed by hand."""
 
 import math
-from collections import deque
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ import tx_part4 as tx
 
 
 def links_by_loops(n, offsets):
-    """The seed's construction: two loops over outputs and offsets."""
+    """The companion article's construction: two loops over outputs and offsets."""
     links = torch.zeros(n, n, dtype=torch.bool)
     for i in range(n):
         for o in offsets:
@@ -20,21 +19,21 @@ def links_by_loops(n, offsets):
     return links
 
 
-def layers_by_full_product(n, layer_links, max_layers):
-    """The seed's method: multiply the whole (n, n) reach table, layer after layer."""
+def layers_by_full_product(n, layer_offsets, max_layers):
+    """The companion article's method: multiply the whole (n, n) reach table, layer after layer."""
     reach = torch.eye(n, dtype=torch.bool)
     for L in range(1, max_layers + 1):
-        reach = (layer_links(L).int() @ reach.int()) > 0
+        reach = (links_by_loops(n, layer_offsets(L)).int() @ reach.int()) > 0
         if reach[n - 1, 0]:
             return L
     return None
 
 
-def layers_by_search(n, layer_links, max_layers):
+def layers_by_search(n, layer_offsets, max_layers):
     """Breadth-first search over (layer, position): the fewest layers from input 1 to output n."""
     frontier = {0}
     for L in range(1, max_layers + 1):
-        links = layer_links(L)
+        links = links_by_loops(n, layer_offsets(L))
         frontier = {i for i in range(n) if any(links[i, j] for j in frontier)}
         if n - 1 in frontier:
             return L
@@ -52,19 +51,28 @@ def test_window_links_match_loops(n, offsets):
 
 @pytest.mark.parametrize("n", [2, 5, 8, 13, 27, 30])
 def test_layers_to_connect_matches_full_product_and_search(n):
-    tables = [lambda L: torch.ones(n, n, dtype=torch.bool),
-              lambda L: tx.window_links(n, tx.contiguous_offsets(3)),
-              lambda L: tx.window_links(n, tx.dilated_offsets(L, 3)),
-              lambda L: tx.window_links(n, tx.centred_offsets(5)),
-              lambda L: tx.window_links(n, [-1])]
-    for layer_links in tables:
-        fast = tx.layers_to_connect(n, layer_links, max_layers=3 * n)
-        assert fast == layers_by_full_product(n, layer_links, 3 * n) == layers_by_search(n, layer_links, 3 * n)
+    stacks = [lambda L: tx.every_offset(n),
+              lambda L: tx.contiguous_offsets(3),
+              lambda L: tx.dilated_offsets(L, 3),
+              lambda L: tx.centred_offsets(5),
+              lambda L: [-1],
+              lambda L: [0, -(L % 4) - 1]]
+    for layer_offsets in stacks:
+        fast = tx.layers_to_connect(n, layer_offsets, max_layers=3 * n)
+        assert fast == layers_by_full_product(n, layer_offsets, 3 * n) == layers_by_search(n, layer_offsets, 3 * n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 30])
+@pytest.mark.parametrize("offsets", OFFSETS + [[3, -40, 40, 0]])
+def test_follow_is_the_boolean_product_of_the_link_table(n, offsets):
+    g = torch.Generator().manual_seed(n)
+    for seen in (torch.rand(n, generator=g) < 0.3, torch.rand(n, generator=g) < 0.7):
+        assert torch.equal(tx.follow(seen, offsets), (links_by_loops(n, offsets).int() @ seen.int()) > 0)
 
 
 def test_layers_to_connect_gives_none_when_never_connected():
     n = 6
-    assert tx.layers_to_connect(n, lambda L: tx.window_links(n, [0, 1]), max_layers=20) is None
+    assert tx.layers_to_connect(n, lambda L: [0, 1], max_layers=20) is None
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 27, 64, 100])
@@ -80,7 +88,7 @@ def test_path_table_against_closed_formulas(n):
 
 @pytest.mark.parametrize("n", [2, 5, 30, 100])
 def test_recurrent_path_is_a_chain_of_shifts(n):
-    assert tx.recurrent_path(n) == tx.layers_to_connect(n, lambda L: tx.window_links(n, [-1]))
+    assert tx.recurrent_path(n) == tx.layers_to_connect(n, lambda L: [-1])
 
 
 def test_conv_layers_table_agrees_with_formulas():
@@ -90,9 +98,7 @@ def test_conv_layers_table_agrees_with_formulas():
 
 @pytest.mark.parametrize("k,distance", [(3, 512), (7, 512), (5, 40), (3, 7)])
 def test_contiguous_layers_match_link_tables(k, distance):
-    n = distance + 1
-    links = tx.window_links(n, tx.contiguous_offsets(k))
-    assert tx.contiguous_layers(distance, k) == tx.layers_to_connect(n, lambda L: links)
+    assert tx.contiguous_layers(distance, k) == tx.layers_to_connect(distance + 1, lambda L: tx.contiguous_offsets(k))
 
 
 @pytest.mark.parametrize("n,dilated", [(9, False), (27, False), (27, True), (40, True)])
@@ -102,9 +108,12 @@ def test_conv_stack_gradient_is_zero_exactly_until_connected(n, dilated):
     assert tx.conv_stack_gradient(n, need, dilated) > 0.0
 
 
-def test_conv_stack_table_connected_column():
-    table = tx.conv_stack_table(n=11)
-    assert table["connected"].tolist() == [False, True, False, True]
+def test_conv_stack_table_rows_are_roles():
+    for n in (11, 27):
+        table = tx.conv_stack_table(n=n)
+        assert table.index.tolist() == ["contiguous short", "contiguous enough", "dilated short", "dilated enough"]
+        assert table["connected"].tolist() == [False, True, False, True]
+        assert table.loc["contiguous enough", "layers"] == tx.contiguous_layers(n - 1)
 
 
 def conv_stack_support(dilations, k=3, channels=2):
@@ -123,21 +132,23 @@ def conv_stack_support(dilations, k=3, channels=2):
 @pytest.mark.parametrize("dilations", [[1], [1, 1, 1], [1, 2, 4, 8], [1, 3, 9]])
 def test_reach_after_matches_formula_and_real_convolutions(dilations):
     reach = tx.reach_after(dilations)
-    assert reach == 1 + 2 * sum(dilations) == conv_stack_support(dilations)
+    assert len(reach) == len(dilations)
+    assert reach[-1] == 1 + 2 * sum(dilations) == conv_stack_support(dilations)
+    assert reach == [conv_stack_support(dilations[:L]) for L in range(1, len(dilations) + 1)]
 
 
 def test_reach_after_sees_gaps_that_the_formula_misses():
     dilations = [2, 5]                              # taps 0, 2, 4 then 0, 5, 10: gaps remain
-    assert tx.reach_after(dilations) == conv_stack_support(dilations) < 1 + 2 * sum(dilations)
+    assert tx.reach_after(dilations)[-1] == conv_stack_support(dilations) < 1 + 2 * sum(dilations)
 
 
-def test_reach_formula_and_layers_to_cover():
-    assert tx.reach_formula(12) == tx.reach_after([1] * 12)
-    assert tx.reach_formula(12, doubling=True) == tx.reach_after([2 ** i for i in range(12)])
+def test_reach_and_layers_to_cover():
+    assert [tx.reach(L) for L in range(1, 13)] == tx.reach_after([1] * 12)
+    assert [tx.reach(L, doubling=True) for L in range(1, 13)] == tx.reach_after([2 ** i for i in range(12)])
     for context, doubling in [(8192, True), (100, False), (33, True)]:
         layers = tx.layers_to_cover(context, doubling=doubling)
-        assert tx.reach_formula(layers, doubling=doubling) >= context
-        assert layers == 1 or tx.reach_formula(layers - 1, doubling=doubling) < context
+        assert tx.reach(layers, doubling=doubling) >= context
+        assert layers == 1 or tx.reach(layers - 1, doubling=doubling) < context
 
 
 def test_cone_of_a_centred_kernel():
@@ -145,10 +156,12 @@ def test_cone_of_a_centred_kernel():
     links = tx.window_links(n, tx.centred_offsets(3))
     seen = torch.zeros(n, dtype=torch.bool)
     seen[middle] = True
-    sizes = [1]
+    sizes, cone = [1], [seen]
     while not seen.all():
         seen = (links.float() @ seen.float()) > 0
         sizes.append(int(seen.sum()))
+        assert torch.equal(seen, tx.follow(cone[-1], tx.centred_offsets(3)))
+        cone.append(seen)
     assert sizes == list(range(1, n + 1, 2))
 
 
@@ -161,6 +174,19 @@ def test_fixed_weights():
 def test_order_test():
     assert tx.order_test(n=6, d=8) < 1e-5
     assert tx.order_test(n=6, d=8, positions=True) > 1e-2
+    assert tx.order_test(n=6, d=8, causal=True) > 1e-2          # a causal mask alone sees order
+
+
+def test_order_test_matches_the_layer_of_part_2():
+    """Without a mask, the test's layer is Part 2's self_attention_layer, so the seeded value holds."""
+    Wq, Wk, Wv = tx.random_weights(3, 16, 0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, generator=g)
+    perm = torch.randperm(8, generator=g)
+    add = tx.sinusoid_positions(8, 16)
+    expected = (tx.self_attention_layer(x[perm] + add, Wq, Wk, Wv)
+                - tx.self_attention_layer(x + add, Wq, Wk, Wv)[perm]).abs().max().item()
+    assert tx.order_test(n=8, d=16, seed=0, positions=True) == expected
 
 
 def test_sinusoid_positions_against_the_formula():
@@ -192,10 +218,10 @@ def test_bad_input_names_the_argument():
         tx.window_links(0, [0])
     with pytest.raises(ValueError, match="offsets"):
         tx.window_links(4, [])
-    with pytest.raises(ValueError, match="layer_links"):
-        tx.layers_to_connect(4, lambda L: torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="max_layers"):
-        tx.layers_to_connect(4, lambda L: torch.ones(4, 4, dtype=torch.bool), max_layers=0)
+        tx.layers_to_connect(4, lambda L: [0, -1], max_layers=0)
+    with pytest.raises(ValueError, match="layers"):
+        tx.reach(0)
     with pytest.raises(ValueError, match="n must"):
         tx.recurrent_path(0)
     with pytest.raises(ValueError, match="r must"):
@@ -214,16 +240,16 @@ def test_bad_input_names_the_argument():
 
 @pytest.mark.parametrize("n,kind", [(8, "dilated"), (8, "chain"), (27, "conv"), (5, "all")])
 def test_shortest_route_follows_links_and_is_shortest(n, kind):
-    tables = {"dilated": lambda L: tx.window_links(n, tx.dilated_offsets(L)),
-              "chain": lambda L: tx.window_links(n, [-1]),
-              "conv": lambda L: tx.window_links(n, tx.contiguous_offsets(3)),
-              "all": lambda L: torch.ones(n, n, dtype=torch.bool)}
-    links = tables[kind]
-    layers = layers_by_search(n, links, 3 * n)
-    route = tx.shortest_route(n, links, layers)
+    stacks = {"dilated": lambda L: tx.dilated_offsets(L),
+              "chain": lambda L: [-1],
+              "conv": lambda L: tx.contiguous_offsets(3),
+              "all": lambda L: tx.every_offset(n)}
+    offsets = stacks[kind]
+    layers = layers_by_search(n, offsets, 3 * n)
+    route = tx.shortest_route(n, offsets, layers)
     assert route[0] == 0 and route[-1] == n - 1 and len(route) == layers + 1
     for level in range(1, layers + 1):               # every hop is a link of its layer
-        assert links(level)[route[level], route[level - 1]]
+        assert links_by_loops(n, offsets(level))[route[level], route[level - 1]]
     if layers > 1:
         with pytest.raises(ValueError, match="layers must"):
-            tx.shortest_route(n, links, layers - 1)
+            tx.shortest_route(n, offsets, layers - 1)

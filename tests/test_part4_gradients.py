@@ -74,9 +74,9 @@ def test_orders_of_magnitude():
 
 
 @pytest.mark.parametrize("keep,steps", [(0.98, 100), (0.98, 511), (0.9, 17), (1.0, 40), (0.5, 1)])
-def test_survival_matches_autograd_and_logarithms(keep, steps):
-    assert math.isclose(tx.survival(keep, steps), tx.chain_gradient(keep, steps), rel_tol=1e-12)
-    assert math.isclose(tx.survival(keep, steps), math.exp(steps * math.log(keep)), rel_tol=1e-12)
+def test_weight_left_matches_autograd_and_logarithms(keep, steps):
+    assert math.isclose(tx.weight_left(keep, steps), tx.chain_gradient(keep, steps), rel_tol=1e-12)
+    assert math.isclose(tx.weight_left(keep, steps), math.exp(steps * math.log(keep)), rel_tol=1e-12)
 
 
 def test_survival_table_agrees():
@@ -107,12 +107,54 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="values"):
         tx.orders_of_magnitude([1.0, 0.0])
     with pytest.raises(ValueError, match="keep"):
-        tx.survival(0.0, 5)
+        tx.weight_left(1.5, 5)
     with pytest.raises(ValueError, match="steps"):
-        tx.survival(0.5, -1)
+        tx.weight_left(0.5, -1)
+    with pytest.raises(ValueError, match="keep"):
+        tx.chain_gradient(0.0, 5)
     with pytest.raises(ValueError, match="keep"):
         tx.chain_gradient(1.5, 5)
     with pytest.raises(ValueError, match="steps"):
         tx.chain_gradient(0.5, 0)
     with pytest.raises(ValueError, match="probes"):
         tx.encoder_gradients(None, None, "x", probes=0)
+
+
+def test_survival_is_gone_weight_left_is_the_one_name():
+    assert not hasattr(tx, "survival")
+
+
+@pytest.mark.parametrize("gain", [0.9, 0.98, 1 / 0.98, 1.1])
+def test_linear_chain_gradient_is_the_gain_to_the_power(gain):
+    width, steps = 5, 30
+    g = torch.Generator().manual_seed(1)
+    Q = torch.linalg.qr(torch.randn(width, width, dtype=torch.float64, generator=g))[0]
+    x = torch.randn(steps + 1, width, dtype=torch.float64, generator=g)
+    norms = tx.jacobian_norms(lambda x: tx.linear_chain(x, gain * Q), x).flip(0)   # row k: k steps back
+    expected = torch.tensor([gain ** k * math.sqrt(width) for k in range(steps + 1)], dtype=torch.float64)
+    assert torch.allclose(norms, expected, rtol=1e-10)
+
+
+def test_lstm_by_distance_is_the_mean_of_single_lstms():
+    n, d, seeds = 6, 4, 2
+    table = tx.lstm_by_distance(n, d, seeds, forget_biases=(None, 3.0))
+    for bias, column in ((None, "PyTorch default"), (3.0, "forget bias 3")):
+        mean = torch.zeros(n, dtype=torch.float64)
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            lstm = torch.nn.LSTM(d, d)
+            if bias is not None:
+                with torch.no_grad():
+                    lstm.bias_ih_l0[d:2 * d] = bias
+                    lstm.bias_hh_l0[d:2 * d] = 0.0
+            x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+            mean += norms_by_backward_loop(lambda x: lstm(x)[0][-1], x) / seeds
+        assert torch.allclose(torch.tensor(table[column].values[::-1].copy()), mean, rtol=1e-5)
+
+
+def test_a_forget_bias_near_one_keeps_the_gradient_and_the_default_does_not():
+    table = tx.lstm_by_distance(n=30, d=16, seeds=2, forget_biases=(None, 3.0))
+    assert table.loc[29, "forget bias 3"] > 0.1 * table.loc[0, "forget bias 3"]
+    assert table.loc[29, "PyTorch default"] < 1e-4 * table.loc[0, "PyTorch default"]
+    with pytest.raises(ValueError, match="seeds"):
+        tx.lstm_by_distance(seeds=0)

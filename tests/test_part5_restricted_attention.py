@@ -59,20 +59,32 @@ def test_three_implementations_agree(n, d, r):
     g = torch.Generator().manual_seed(n * 100 + d * 10 + r)
     q, k, v = (torch.randn(n, d, generator=g) for _ in range(3))
     mask = tx.window_mask(n, r)
-    masked = tx.masked_attention(q, k, v, mask)
+    masked = tx.attention_core(q, k, v, mask)
     library = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     banded = tx.banded_attention(q, k, v, r)
+    blocked = tx.blocked_attention(q, k, v, r)
     reference = loop_attention(q, k, v, r)
     assert torch.allclose(masked, library, atol=1e-6)
     assert torch.allclose(banded, masked, atol=1e-6)
     assert torch.allclose(banded, reference, atol=1e-6)
+    assert torch.allclose(blocked, reference, atol=1e-6)
 
 
 @pytest.mark.parametrize("n,d,r", [(n, d, r) for n, d, r in CASES if n > 1])
 def test_flop_counts_match_flop_counter(n, d, r):
     q, k, v = torch.randn(n, d), torch.randn(n, d), torch.randn(n, d)
-    assert tx.masked_flops(n, d) == tx.flops(tx.masked_attention, q, k, v, tx.window_mask(n, r))
+    assert tx.masked_flops(n, d) == tx.flops(tx.attention_core, q, k, v, tx.window_mask(n, r))
     assert tx.banded_flops(n, d, r) == tx.flops(tx.banded_attention, q, k, v, r)
+    assert tx.blocked_flops(n, d, r) == tx.flops(tx.blocked_attention, q, k, v, r)
+
+
+@pytest.mark.parametrize("n,r", [(34, 17), (35, 17), (4096, 17), (1000, 5)])
+def test_blocked_flops_are_about_twice_the_band(n, r):
+    blocks = math.ceil(n / r)
+    assert tx.blocked_flops(n, 64, r) == 4 * blocks * r * (2 * r - 1) * 64
+    ratio = tx.blocked_flops(n, 64, r) / tx.banded_flops(n, 64, r)
+    assert math.isclose(ratio, blocks * r * (2 * r - 1) / (n * r))   # 2 - 1/r when r divides n
+    assert n % r or ratio < 2
 
 
 def test_flop_table_on_meta_equals_real_tensors():
@@ -83,8 +95,9 @@ def test_flop_table_on_meta_equals_real_tensors():
 
 
 def test_time_table_has_positive_times():
-    table = tx.time_table(ns=(32,), d=8, r=5, repeats=1)
-    assert (table[["masked ms", "banded ms"]] > 0).all().all()
+    table = tx.time_table(ns=(32,), d=8, r=5, min_time=0)
+    assert (table[["masked ms", "banded ms", "blocked ms"]] > 0).all().all()
+    assert table.loc[32, "blocked FLOP ratio"] == tx.masked_flops(32, 8) / tx.blocked_flops(32, 8, 5)
 
 
 def brute_pairs(n, window, n_global):
@@ -114,12 +127,23 @@ def test_pair_table_equal_column():
     assert table.loc[2, "allowed"] == brute_pairs(30, 7, 3)
 
 
+def reach_by_mask_products(n, layers, window):
+    """Boolean products of the real causal window mask: positions the last one depends on."""
+    mask = tx.causal_mask(n, window).long()
+    linked, counts = torch.eye(n, dtype=torch.long), []
+    for _ in range(layers):
+        linked = ((linked @ mask) > 0).long()
+        counts.append(int(linked[-1].sum()))
+    return counts
+
+
 @pytest.mark.parametrize("layers,window", [(1, 1), (1, 4), (3, 2), (5, 4), (4, 7)])
-def test_stacked_reach_three_ways(layers, window):
+def test_reach_of_a_window_stack_three_ways(layers, window):
     n = layers * window + 2
-    formula = [tx.stacked_reach(L, window) for L in range(1, layers + 1)]
-    assert tx.reach_by_mask_products(n, layers, window) == formula
-    assert tx.reach_by_layers(layers, window) == formula
+    formula = [tx.reach(L, k=window) for L in range(1, layers + 1)]
+    assert reach_by_mask_products(n, layers, window) == formula
+    assert tx.reach_after([1] * layers, k=window) == formula
+    assert torch.equal(tx.causal_mask(n, window), tx.window_links(n, range(0, -window, -1)))
 
 
 def test_trade_table_layers_by_search():
@@ -142,18 +166,22 @@ def test_trade_table_layers_by_search():
     (lambda: tx.band_slots(4, -1), "r"),
     (lambda: tx.banded_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2), 2), "r"),
     (lambda: tx.banded_attention(torch.ones(3, 2), torch.ones(4, 2), torch.ones(3, 2), 3), "q, k, v"),
-    (lambda: tx.masked_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2),
+    (lambda: tx.attention_core(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2),
                                  torch.ones(3, 3)), "mask"),
     (lambda: tx.masked_flops(5, 0), "d"),
+    (lambda: tx.blocked_flops(5, 2, 4), "r"),
+    (lambda: tx.blocked_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 2), 2), "r"),
+    (lambda: tx.blocked_attention(torch.ones(3, 2), torch.ones(4, 2), torch.ones(3, 2), 3), "q, k, v"),
     (lambda: tx.banded_flops(5, 2, 6), "r"),
     (lambda: tx.causal_mask(5, window=0), "window"),
     (lambda: tx.causal_mask(5, 2, n_global=-1), "n_global"),
     (lambda: tx.sliding_pairs(5, 0), "window"),
     (lambda: tx.global_pairs(5, 2, 1.5), "n_global"),
-    (lambda: tx.stacked_reach(0, 4), "layers"),
-    (lambda: tx.reach_by_layers(2, 0), "window"),
+    (lambda: tx.reach(0, 4), "layers"),
+    (lambda: tx.reach_after([1, 1], k=0), "k"),
     (lambda: tx.trade_table(n=8, d=2, rs=(4,)), "r"),
-    (lambda: tx.best_time(print, repeats=0), "repeats"),
+    (lambda: tx.time_call(print, min_runs=0), "min_runs"),
+    (lambda: tx.time_table(ns=(8,), d=2, r=3, statistic="mean"), "statistic"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=re.escape(argument)):

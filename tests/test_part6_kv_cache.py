@@ -47,6 +47,51 @@ def test_cache_table_and_trace_all_equal():
     assert trace["kept"].tolist() == [1, 2, 3, 3, 3, 3, 3, 3, 3]
 
 
+def test_decode_with_cache_matches_recomputing_the_prefix():
+    """Greedy decoding with the cache writes exactly the tokens of recomputing everything at every
+    step, and its scores agree to rounding (Part 6's decode_cache_matches)."""
+    model = replace(TINY, bytes_per_number=4, layers=2)
+    net = tx.hf_model(model, seed=3)
+    prompt = torch.randint(0, model.vocabulary, (1, 5), generator=torch.Generator().manual_seed(3))
+    cached, cached_scores = tx.greedy_decode(net, prompt, 12)
+    full, full_scores = tx.greedy_decode(net, prompt, 12, use_cache=False)
+    assert torch.equal(cached, full) and cached.shape == (1, 17)
+    assert torch.equal(cached[:, :5], prompt)
+    assert torch.allclose(cached_scores, full_scores, atol=1e-4)
+    assert cached_scores.shape == (1, 12, model.vocabulary)
+
+
+def test_decode_loop_really_uses_the_cache():
+    """Feeding only the newest token without its cache gives other scores: the match above is
+    not an accident of a model that ignores its past."""
+    model = replace(TINY, bytes_per_number=4)
+    net = tx.hf_model(model, seed=3)
+    prompt = torch.randint(0, model.vocabulary, (1, 6), generator=torch.Generator().manual_seed(4))
+    tokens, scores = tx.greedy_decode(net, prompt, 2)
+    with torch.no_grad():
+        alone = net(tokens[:, -2:-1]).logits[:, -1]        # the newest token with no cache at all
+    assert not torch.allclose(alone, scores[:, 1], atol=1e-3)
+
+
+def test_cache_layer_bytes_sums_every_key_and_value():
+    net = tx.hf_model(replace(TINY, kv_heads=2, layers=3))
+    with torch.no_grad():
+        cache = tx.model_cache(net(torch.arange(7)[None], use_cache=True))
+    per_layer = tx.cache_layer_bytes(cache)
+    assert [kind for kind, _ in per_layer] == ["attention"] * 3
+    assert sum(b for _, b in per_layer) == tx.kv_cache_bytes(7, replace(TINY, kv_heads=2, layers=3))
+
+
+@pytest.mark.parametrize("kv", (8, 4, 2, 1))
+def test_kv_projection_saving_equals_real_llama_parameters(kv):
+    """The weights sharing removes, against the parameter counts of real Llama models on meta."""
+    full = replace(TINY, layers=3)
+    count = lambda m: sum(p.numel() for p in tx.hf_model(m, device="meta").parameters())  # noqa: E731
+    shared = replace(full, kv_heads=kv)
+    assert count(full) - count(shared) == tx.kv_projection_saving(shared)
+    assert tx.with_grouped_projections(shared).parameters == shared.parameters - tx.kv_projection_saving(shared)
+
+
 def test_example_model_bytes_per_token_second_formula():
     """Per layer: K and V tensors of shape (kv_heads, head_size) for one token."""
     model = tx.ExampleModel()
@@ -101,8 +146,60 @@ def test_prefill_attention_flops_match_flop_counter():
     model = tx.ExampleModel(layers=1, width=width, heads=1, head_size=width, kv_heads=1)
     q, k, v = torch.randn(n, width), torch.randn(n, width), torch.randn(n, width)
     counted = tx.flops(tx.attention_core, q, k, v)          # full grid: 2 products × n² × width × 2
-    causal_flops = 2 * tx.pair_work(n, model)               # 2 FLOPs a multiply-add, n²/2 pairs
+    causal_flops = 2 * tx.count_pairs(n, model)               # 2 FLOPs a multiply-add, n²/2 pairs
     assert counted == 2 * causal_flops
+
+
+def test_ridge_batch_by_counting_up():
+    """Count batches up from 1 until a decode step does the accelerator's FLOPs per byte."""
+    accel = tx.ExampleAccelerator()
+    ratio = accel.flops_per_second / accel.bytes_per_second
+    for kv, context in ((16, 0), (16, 32), (16, 64), (4, 128), (1, 500)):
+        model = replace(tx.ExampleModel(), kv_heads=kv)
+        batch = 1
+        while tx.decode_step_flops(batch, context, model) < ratio * tx.decode_step_bytes(batch, context, model):
+            batch += 1
+        assert tx.ridge_batch(model, accel, context) == batch
+    assert tx.ridge_batch(tx.ExampleModel(), accel, 0) == 100      # weights only: one FLOP a byte each
+
+
+def test_ridge_context_is_the_last_cache_a_batch_can_fill():
+    accel = tx.ExampleAccelerator()
+    for kv in (16, 4, 1):
+        model = replace(tx.ExampleModel(), kv_heads=kv)
+        last = tx.ridge_context(model, accel)
+        assert tx.ridge_batch(model, accel, last) is not None
+        assert tx.ridge_batch(model, accel, last + 1) is None
+    slow = tx.ExampleAccelerator(flops_per_second=1e12)     # one FLOP a byte: every cache length can
+    assert tx.ridge_context(replace(tx.ExampleModel(), kv_heads=1), slow) is None
+
+
+def test_decode_step_counts_one_conversation_as_before():
+    model = tx.ExampleModel()
+    assert tx.decode_step_bytes(1, 8192, model) == model.weight_bytes + tx.kv_cache_bytes(8192, model)
+    assert tx.decode_step_flops(3, 10, model) == 3 * (2 * model.parameters + tx.decode_attention_flops(10, model))
+
+
+@pytest.mark.parametrize("n,d,tile", [(1, 4, 128), (37, 8, 16), (200, 16, 64), (256, 32, 256)])
+def test_tiled_attention_equals_the_core_and_its_byte_formula(n, d, tile):
+    g = torch.Generator().manual_seed(n)
+    q, k, v = torch.randn(3, 2, n, d, generator=g, dtype=torch.float64)   # two heads at once
+    out, moved = tx.tiled_attention(q, k, v, tile)
+    assert torch.allclose(out, tx.attention_core(q, k, v), rtol=1e-10, atol=1e-12)
+    assert moved == 2 * tx.tiled_attention_bytes(n, d, tile, 8)
+
+
+@pytest.mark.parametrize("n,d,bytes_per_number", [(5, 3, 4), (64, 16, 2), (8192, 64, 2)])
+def test_naive_bytes_equal_the_counted_operations_on_meta_tensors(n, d, bytes_per_number):
+    dtype = tx.DTYPES[bytes_per_number]
+    q, k, v = (torch.empty(n, d, dtype=dtype, device="meta") for _ in range(3))
+    assert tx.count_bytes_moved(tx.attention_core, q, k, v) == tx.naive_attention_bytes(n, d, bytes_per_number)
+
+
+def test_tiled_bytes_fall_with_the_tile_and_stay_below_naive():
+    sizes = [tx.tiled_attention_bytes(8192, 64, tile) for tile in (32, 64, 128, 256)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert all(s < tx.naive_attention_bytes(8192, 64) for s in sizes)
 
 
 def test_score_grid_bytes_equal_torch_nbytes():
@@ -134,6 +231,12 @@ def test_cli_prints_a_table_for_another_model(capsys):
     (lambda: tx.max_context(accelerator=tx.ExampleAccelerator(memory_bytes=1000)), "model"),
     (lambda: tx.hf_model(replace(TINY, bytes_per_number=3)), "bytes_per_number"),
     (lambda: tx.cache_trace(TINY, steps=0), "steps"),
+    (lambda: tx.greedy_decode(None, torch.zeros(1, 2, dtype=torch.long), 0), "new_tokens"),
+    (lambda: tx.decode_step_flops(0, 5), "batch"),
+    (lambda: tx.tiled_attention(torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 4), 0), "tile"),
+    (lambda: tx.naive_attention_bytes(0, 4), "n"),
+    (lambda: tx.tiled_attention_bytes(4, 4, tile=0), "tile"),
+    (lambda: tx.decode_step_bytes(2, -1), "tokens"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=re.escape(argument)):

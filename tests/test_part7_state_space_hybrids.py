@@ -45,18 +45,18 @@ SMALL_MODELS = [tx.ExampleModel(layers=layers, width=width, heads=heads, head_si
 
 @pytest.mark.parametrize("model", SMALL_MODELS)
 @pytest.mark.parametrize("n", (1, 7, 64))
-def test_decode_work_attention_matches_flop_counter(model, n):
+def test_decode_attention_flops_match_flop_counter(model, n):
     q = torch.randn(model.heads, 1, model.head_size)
     keys, values = torch.randn(2, model.heads, n, model.head_size)
-    per_layer = tx.flops(tx.attention_step, q, keys, values)
-    assert tx.decode_work_attention(n, model) == model.layers * per_layer
+    per_layer = tx.flops(tx.attention_core, q, keys, values)
+    assert tx.decode_attention_flops(n, model) == model.layers * per_layer
 
 
 @pytest.mark.parametrize("model", SMALL_MODELS)
-def test_decode_work_state_space_matches_elementwise_count(model):
+def test_decode_state_space_flops_match_elementwise_count(model):
     state, a, u, c = torch.randn(4, model.width, model.state_per_channel)
     per_layer = tx.count_elementwise(tx.state_space_step, state, a, u, c)
-    assert tx.decode_work_state_space(model) == model.layers * per_layer
+    assert tx.decode_state_space_flops(model) == model.layers * per_layer
 
 
 def test_count_elementwise_brute_force():
@@ -120,6 +120,47 @@ def test_scans_agree_with_brute_force(n, channels):
         assert torch.allclose(scan(a, b), want, rtol=1e-9, atol=1e-12), scan.__name__
 
 
+def test_combine_is_associative_and_joins_two_steps():
+    """Joining is associative (the parallel scan relies on it) and equals running the two steps."""
+    g = torch.Generator().manual_seed(1)
+    steps = [tuple(torch.rand(5, generator=g, dtype=torch.float64) for _ in range(2)) for _ in range(3)]
+    left = tx.combine(tx.combine(steps[0], steps[1]), steps[2])
+    right = tx.combine(steps[0], tx.combine(steps[1], steps[2]))
+    assert all(torch.allclose(x, y, rtol=1e-14) for x, y in zip(left, right))
+    h = torch.rand(5, generator=g, dtype=torch.float64)
+    (a1, b1), (a2, b2) = steps[:2]
+    a, b = tx.combine(steps[0], steps[1])
+    assert torch.allclose(a * h + b, a2 * (a1 * h + b1) + b2, rtol=1e-14)
+
+
+@pytest.mark.parametrize("n", (1, 2, 3, 7, 8, 9, 100))
+def test_scan_loop_and_associative_take_any_rate(n):
+    """No logarithm and no restriction on the rate: a gain above 1 (Part 4's exploding chain) and
+    negative rates scan as well; the associative scan takes ⌈log₂ n⌉ rounds at any n."""
+    g = torch.Generator().manual_seed(n)
+    a = 2.5 * torch.rand(3, n, generator=g, dtype=torch.float64) - 0.5        # rates in [-0.5, 2)
+    b = torch.randn(3, n, generator=g, dtype=torch.float64)
+    assert torch.allclose(tx.scan_associative(a, b), brute_force_scan(a, b), rtol=1e-9, atol=1e-9)
+    assert torch.allclose(tx.scan_loop(a, b), brute_force_scan(a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_running_summary_is_scan_loop_on_plain_numbers():
+    inputs, rates = [0.3, -1.0, 2.0, 0.5], [0.9, 0.5, 1.0, 0.0]
+    want = tx.scan_loop(torch.tensor(rates, dtype=torch.float64), torch.tensor(inputs, dtype=torch.float64))
+    assert tx.running_summary(inputs, rates) == want.tolist()
+
+
+def test_one_attention_formula_for_configs_and_example_models():
+    """attention_layer_formula reads a config and calls Part 6's kv_cache_bytes for one layer."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, vocab_size=10)
+    model = tx.ExampleModel(layers=1, width=64, heads=8, head_size=8, kv_heads=2, bytes_per_number=4)
+    for n in (1, 9, 100):
+        assert tx.attention_layer_formula(config, n, batch=3) == 3 * tx.kv_cache_bytes(n, model)
+        assert tx.attention_layer_formula(config, n) == 2 * 2 * n * 8 * 4
+
+
 def test_scans_float32_and_negative_inputs():
     a = torch.full((3, 50), 0.95)
     b = -torch.rand(3, 50) - 0.1
@@ -160,6 +201,24 @@ def test_naive_scan_overflows_where_predicted(keep):
     assert torch.isfinite(tx.scan_log_space(a, b)).all()
 
 
+@pytest.mark.parametrize("hidden,state", [(16, 4), (32, 16), (48, 8)])
+def test_mamba_mixer_weights_equal_a_real_mixer(hidden, state):
+    model = tx.tiny_mamba(layers=1, hidden=hidden, state=state)
+    real = sum(w.numel() for w in model.backbone.layers[0].mixer.parameters())
+    assert tx.mamba_mixer_weights(hidden, expand=2, state=state, conv=4) == real
+
+
+def test_end_to_end_table_adds_the_projections():
+    model = tx.ExampleModel()
+    table = tx.end_to_end_table(ns=(1024, 8192), model=model)
+    d = model.width
+    assert table.loc[8192, "attention layer"] == 8 * d * d + tx.decode_attention_flops(8192, model) // model.layers
+    assert table["Mamba mixer"].nunique() == 1                     # the same at every length
+    assert table.loc[1024, "layer ratio"] < 1 < table.loc[8192, "layer ratio"]
+    swapped = model.parameters + model.layers * (tx.mamba_mixer_weights(d) - 4 * d * d)
+    assert table.loc[1024, "state-space model"] == 2 * swapped + model.layers * 4 * 2 * d * 16
+
+
 def test_real_mamba_cache_is_constant_and_matches_formula():
     model = tx.tiny_mamba(layers=2, hidden=16, state=8)
     table = tx.real_cache_table(model, ns=(3, 20, 50))
@@ -184,7 +243,9 @@ def test_real_jamba_cache_grows_only_in_attention():
     (lambda: tx.weight_left(2.0, 3), "keep"),
     (lambda: tx.weight_of_first(0.9, 0), "n"),
     (lambda: tx.content_rates(["filler"], hold=1.2), "hold"),
-    (lambda: tx.decode_work_attention(0), "n"),
+    (lambda: tx.decode_attention_flops(-1), "n"),
+    (lambda: tx.scan_associative(torch.ones(2, 3), torch.ones(3)), "a and b"),
+    (lambda: tx.scan_loop([1.0], [1.0]), "a and b"),
     (lambda: tx.kv_cache_bytes(10, window=0), "window"),
     (lambda: tx.state_memory(layers=0), "layers"),
     (lambda: tx.hybrid_memory(10, attention_layers=25), "attention_layers"),

@@ -2,18 +2,25 @@
 
 For every page: no console error, every image loaded, every glued number of its source shown,
 the Colab/Binder buttons open an .ipynb of the repository, the download button a notebook the
-site holds. Then: search finds pages, and figures stay on a light background in the dark theme.
-Screenshots go to _build/screenshots/ (light for every page, dark for the notebook pages).
+site holds; every formula typeset by MathJax (served by the site itself), no raw TeX shown;
+no request to anything but the site (Chrome's own record of the page's network requests);
+no critical or serious accessibility violation (axe-core, in the same browser session).
+Then: search finds pages, and figures stay on a light background in the dark theme.
+Screenshots go to _build/screenshots/ (light for every page, dark for the notebook pages), taken
+once MathJax has typeset the page; axe-core's findings, by page and impact, to _build/axe.json.
 
 The test serves the site itself on 127.0.0.1 (a free port) and starts Chromium itself (Debian's
 chromium + chromium-driver; nothing is downloaded). It SKIPS without _build/html (run `make book`)
 or without chromium; with --require-site (.ci/run, after `make book`) both are failures.
-The last tests break a copy of the site on purpose and check that the same checks catch it.
+The last tests break a copy of the site on purpose, and add small crafted pages to it (a page
+without MathJax, an image from another host, inaccessible citation markup), and check that the
+same checks catch each.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import tempfile
@@ -37,7 +44,15 @@ LOAD_TIMEOUT = 30        # seconds for one page
 SEARCH_TIMEOUT = 20      # seconds for the search page to list its results
 MAX_SHOT_HEIGHT = 16000  # pixels of a full-page screenshot (Chromium's limit is near 16,384)
 LIGHT = 0.6              # least luminance (0 black … 1 white) of a figure's corner in dark mode
-ASPECTS = ("console", "images", "glue", "launch", "download")
+MATH_TIMEOUT = 30        # seconds for MathJax to typeset a page
+AXE_TIMEOUT = 100        # seconds for axe-core on one page (the ledger's 5,500 cells take ~35 s)
+# resultTypes: list violations only (4× faster on the ledger: passes are not listed).
+# preload: no CSSOM fetch. axe-core 4.9.1 resolves the theme's `@import "../basic.css"` (in
+# _static/styles/theme.css) against the page's URL, not the stylesheet's, and requests a file that
+# does not exist (a 404 in the console); only css-orientation-lock reads the CSSOM.
+AXE_OPTIONS = json.dumps({"resultTypes": ["violations"], "preload": False})
+AXE_REPORT = sitekit.ROOT / "_build" / "axe.json"
+ASPECTS = ("console", "images", "glue", "launch", "download", "math", "network", "axe")
 
 
 # ── the browser ───────────────────────────────────────────────────────────────────────────
@@ -61,9 +76,15 @@ def browser(request):
     options.binary_location = CHROMIUM
     for flag in FLAGS + [f"--user-data-dir={profile}"]:
         options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # "performance": the DevTools Network events, i.e. every request the browser makes.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    options.add_experimental_option("perfLoggingPrefs", {"enableNetwork": True,
+                                                         "enablePage": False})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     driver.set_page_load_timeout(LOAD_TIMEOUT)
+    driver.set_script_timeout(AXE_TIMEOUT)
+    driver.get("about:blank")          # off the browser's start page (its requests are not ours)
+    driver.get_log("performance")
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
@@ -109,12 +130,80 @@ def attributes(driver, selector: str, attribute: str) -> list[str]:
         ".map(e => e.getAttribute(arguments[1]))", selector, attribute)
 
 
-def visit(driver, site: Site, page: str) -> dict[str, list[str]]:
-    """Open one page and check it; the problems found, by aspect (see ASPECTS)."""
+MATHJAX_DONE = """
+const done = arguments[arguments.length - 1];
+const mathjax = window.MathJax;     // before MathJax loads: only the page's configuration object
+if (!mathjax || !mathjax.startup || !mathjax.startup.promise) { done("no MathJax"); return; }
+mathjax.startup.promise.then(() => done("typeset"), error => done("MathJax failed: " + error));
+"""
+
+MATH_STATE = """
+const main = document.querySelector("main") || document.body;
+const math = Array.from(main.querySelectorAll(".math"));
+const prose = main.cloneNode(true);  // what a reader sees as text, less code and MathJax's MathML
+prose.querySelectorAll("code, pre, script, style, mjx-assistive-mml").forEach(e => e.remove());
+return {
+  text: prose.textContent,
+  untypeset: math.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent),
+  errors: Array.from(main.querySelectorAll("mjx-merror"))
+    .map(e => e.getAttribute("data-mjx-error") || e.textContent),
+  typeset: main.querySelectorAll("mjx-container").length,
+};
+"""
+
+
+def wait_typeset(driver) -> str:
+    """Wait until MathJax has typeset the page (its startup promise); say how it ended."""
+    from selenium.common.exceptions import TimeoutException
+
+    driver.set_script_timeout(MATH_TIMEOUT)
+    try:
+        return driver.execute_async_script(MATHJAX_DONE)
+    except TimeoutException:
+        return f"MathJax did not finish in {MATH_TIMEOUT} s"
+    finally:
+        driver.set_script_timeout(AXE_TIMEOUT)
+
+
+def math_check(driver, page: str, state: str) -> tuple[list[str], int]:
+    """Raw TeX left on the page, and how many formulas MathJax typeset."""
+    seen = driver.execute_script(MATH_STATE)
+    problems = sitekit.raw_tex_problems(page, seen["text"], seen["untypeset"], seen["errors"])
+    if problems and state != "typeset":
+        problems.append(f"{page}: {state}")
+    return problems, seen["typeset"]
+
+
+def axe_check(driver, page: str) -> tuple[list[str], dict]:
+    """axe-core on the page as it is now: the failing violations, and a summary of all."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium_axe_python import Axe
+
+    axe = Axe(driver)
+    axe.inject()
+    try:
+        results = axe.run(options=AXE_OPTIONS)
+    except TimeoutException:
+        return [f"{page}: axe-core did not finish in {AXE_TIMEOUT} s"], {}
+    summary = {"counts": sitekit.axe_counts(results),
+               "violations": [{"rule": v["id"], "impact": v["impact"], "help": v["help"],
+                               "elements": len(v["nodes"]),
+                               "targets": [" ".join(map(str, n["target"])) for n in v["nodes"][:5]]}
+                              for v in results.get("violations", [])]}
+    return sitekit.axe_problems(page, results), summary
+
+
+def visit(driver, site: Site, page: str, shot: Path | None = None) -> dict[str, list[str]]:
+    """Open one page and check it; the problems found, by aspect (see ASPECTS). With `shot`,
+    a full-page screenshot once the math is typeset. Also: "typeset" (formulas typeset) and
+    "axe summary" (axe-core's violations of any impact)."""
     url = f"{site.url}/{page}"
+    driver.get_log("performance")      # drop what came before: only this page's requests count
     driver.get(url)
     wait_loaded(driver)
+    state = wait_typeset(driver)
     found = {aspect: [] for aspect in ASPECTS}
+    found["math"], found["typeset"] = math_check(driver, page, state)
     found["console"] = sitekit.console_problems(page, driver.get_log("browser"), site.url)
     images = driver.execute_script(
         "return Array.from(document.images).map(i => [i.getAttribute('src'), i.complete,"
@@ -134,6 +223,10 @@ def visit(driver, site: Site, page: str) -> dict[str, list[str]]:
     found["launch"] = sitekit.launch_problems(page, hrefs, site.root)
     if sitekit.is_notebook_page(page, site.root):
         found["download"] = sitekit.download_problems(page, url, hrefs, site.html, site.url)
+    found["axe"], found["axe summary"] = axe_check(driver, page)
+    if shot is not None:
+        screenshot(driver, shot, full_page=True)
+    found["network"] = sitekit.offsite_requests(page, driver.get_log("performance"), site.url)
     return found
 
 
@@ -191,6 +284,7 @@ def set_theme(driver, mode: str) -> None:
                           "localStorage.setItem('theme', arguments[0]);", mode)
     driver.refresh()
     wait_loaded(driver)
+    wait_typeset(driver)
 
 
 def dark_problems(driver, site: Site, page: str) -> list[str]:
@@ -199,6 +293,7 @@ def dark_problems(driver, site: Site, page: str) -> list[str]:
 
     driver.get(f"{site.url}/{page}")
     wait_loaded(driver)
+    wait_typeset(driver)
     problems = []
     theme = driver.execute_script("return document.documentElement.dataset.theme")
     body = driver.execute_script("return getComputedStyle(document.body).backgroundColor")
@@ -225,14 +320,24 @@ def dark_problems(driver, site: Site, page: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def visits(browser, site):
-    """Every page opened once in the light theme, with a full-page screenshot of each."""
+    """Every page opened once in the light theme, with a full-page screenshot of each; axe-core's
+    findings written to _build/axe.json (by page: elements by impact, and each rule broken)."""
     if SCREENSHOTS.exists():
         shutil.rmtree(SCREENSHOTS)
     found = {}
     for page in site.pages:
-        found[page] = visit(browser, site, page)
-        screenshot(browser, SCREENSHOTS / shot_name(page), full_page=True)
+        found[page] = visit(browser, site, page, shot=SCREENSHOTS / shot_name(page))
+    summaries = {page: f["axe summary"] for page, f in found.items()}
+    totals = {impact: sum(s.get("counts", {}).get(impact, 0) for s in summaries.values())
+              for impact in sitekit.IMPACTS}
+    AXE_REPORT.write_text(json.dumps({"axe-core": axe_version(browser), "elements by impact": totals,
+                                      "pages": summaries}, indent=1), encoding="utf-8")
     return found
+
+
+def axe_version(driver) -> str:
+    """The version of axe-core injected into the current page."""
+    return driver.execute_script("return window.axe ? axe.version : null") or "?"
 
 
 def report(visits: dict, aspect: str) -> list[str]:
@@ -261,6 +366,10 @@ def test_every_page_was_checked(visits, site):
     assert glued_pages, "no notebook page pastes a glued number"
     shots = {p.name for p in SCREENSHOTS.glob("*.png")}
     assert {shot_name(page) for page in site.pages} <= shots
+    typeset = {page: visits[page]["typeset"] for page in site.pages if visits[page]["typeset"]}
+    assert len(typeset) >= 3, f"MathJax typeset formulas on too few pages: {typeset}"
+    assert all(visits[page]["axe summary"].get("counts") for page in site.pages), \
+        "axe-core did not report on every page"
 
 
 def test_search_finds_pages(browser, site):
@@ -372,6 +481,92 @@ def test_a_missing_notebook_is_caught(broken_visit):
     assert any("download link" in p for p in found["download"]), found["download"]
 
 
+# ── small crafted pages: raw TeX, a request off the site, an accessibility violation ──────
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>{head}</head>
+<body><main><h1>{title}</h1>{body}</main></body></html>
+"""
+#: MathJax as the site loads it: the configuration Sphinx writes, then the site's own copy.
+SITE_MATHJAX = ('<script>window.MathJax = {options: {processHtmlClass: "math"}}</script>'
+                '<script defer src="_static/mathjax/tex-chtml.js"></script>')
+FORMULAS = ('<p>Work per layer <span class="math">\\(n^2 \\cdot d\\)</span>, and '
+            'on its own line:</p><div class="math">\\[ \\frac{n}{d} \\]</div>'
+            '<p>Also written $$ n \\cdot d^2 $$ in plain text.</p>')
+CRAFTED = {
+    # the same formulas, typeset by the site's MathJax: the math check passes (a control)
+    "crafted_math.html": dict(title="Typeset", head=SITE_MATHJAX,
+                              body=FORMULAS.replace("Also written $$ n \\cdot d^2 $$ in plain "
+                                                    "text.", "")),
+    # no MathJax: every formula stays TeX
+    "crafted_raw_tex.html": dict(title="Raw TeX", head="", body=FORMULAS),
+    # an image from another host
+    "crafted_offsite.html": dict(title="Off site", head="",
+                                 body='<img src="https://example.com/x.png" alt="a picture">'),
+    # docutils' citation markup as sphinxcontrib-bibtex's default :list: citation writes it
+    "crafted_citations.html": dict(
+        title="Citations", head="",
+        body='<div role="list" class="citation-list"><div class="citation" id="id1" '
+             'role="doc-biblioentry"><span class="label">[VSP+17]</span><p>Attention is all you '
+             'need.</p></div></div>'),
+}
+
+
+@pytest.fixture(scope="module")
+def crafted(browser, site, tmp_path_factory):
+    """Each crafted page, and a copy of a real page of the book with its MathJax removed,
+    visited in a copy of the site: the problems found on each, by aspect."""
+    html = tmp_path_factory.mktemp("crafted") / "html"
+    shutil.copytree(site.html, html)
+    for name, parts in CRAFTED.items():
+        (html / name).write_text(PAGE.format(**parts), encoding="utf-8")
+    page = next(p for p in site.pages if sitekit.is_notebook_page(p, site.root)
+                and 'class="math' in (site.html / p).read_text(encoding="utf-8"))
+    text, removed = re.subn(r'<script[^>]*src="[^"]*mathjax[^"]*"[^>]*>\s*</script>', "",
+                            (site.html / page).read_text(encoding="utf-8"))
+    assert removed, f"{page} loads no MathJax script"
+    without = str(Path(page).with_name("without_mathjax.html").as_posix())
+    (html / without).write_text(text, encoding="utf-8")
+    with sitekit.SiteServer(html) as server:
+        copy = Site(html, server.url, site.root, site.glued)
+        yield {name: visit(browser, copy, name) for name in [*CRAFTED, without]}, without, html
+
+
+def test_typeset_math_passes_the_math_check(crafted):
+    found, *_ = crafted
+    assert found["crafted_math.html"]["typeset"] == 2, found["crafted_math.html"]
+    assert found["crafted_math.html"]["math"] == [], found["crafted_math.html"]["math"]
+    assert found["crafted_math.html"]["network"] == [], found["crafted_math.html"]["network"]
+
+
+def test_raw_tex_is_caught(crafted):
+    found, without, _ = crafted
+    math = found["crafted_raw_tex.html"]["math"]
+    for delimiter in (r"\(", r"\[", "$$"):
+        assert any(f"raw TeX {delimiter} shown" in p for p in math), (delimiter, math)
+    assert any(r"\(n^2 \cdot d\)" in p and "not typeset" in p for p in math), math
+    assert found["crafted_raw_tex.html"]["typeset"] == 0
+    real = found[without]["math"]       # a page of the book, less its MathJax script
+    assert any(p.startswith(f"{without}: raw TeX") for p in real), real
+    assert any("not typeset" in p for p in real), real
+
+
+def test_an_offsite_request_is_caught(crafted):
+    found, _, html = crafted
+    network = found["crafted_offsite.html"]["network"]
+    assert network == ["crafted_offsite.html: requests https://example.com/x.png, which is not "
+                       "on the site"], network
+    static = sitekit.offsite_resources(html, ["crafted_offsite.html"])
+    assert static and "https://example.com/x.png" in static[0], static
+
+
+def test_an_accessibility_violation_is_caught(crafted):
+    found, *_ = crafted
+    axe = found["crafted_citations.html"]["axe"]
+    assert any("aria-required-children (critical)" in p and "citation-list" in p
+               for p in axe), axe
+
+
 # ── the pure parts, without a site or a browser ───────────────────────────────────────────
 
 
@@ -404,7 +599,7 @@ def test_glue_problems_name_the_missing_and_the_extra_text():
     assert sitekit.glue_problems("p.html", ["a", "b"], ["b", "a"]) == []
 
 
-def test_console_filter_keeps_errors_and_drops_the_allowed_offsite_loads():
+def test_console_filter_keeps_errors_and_off_site_loads_and_drops_the_favicon():
     base = "http://127.0.0.1:8000"
     entries = [
         {"level": "SEVERE", "message": f"{base}/favicon.ico - Failed to load resource: 404"},
@@ -414,4 +609,68 @@ def test_console_filter_keeps_errors_and_drops_the_allowed_offsite_loads():
         {"level": "SEVERE", "message": f"{base}/a.html 3:1 Uncaught ReferenceError: x"},
     ]
     problems = sitekit.console_problems("a.html", entries, base)
-    assert len(problems) == 2 and "unpkg" in problems[0] and "ReferenceError" in problems[1]
+    assert len(problems) == 3 and "mathjax" in problems[0] and "unpkg" in problems[1]
+    assert "ReferenceError" in problems[2]
+
+
+def perf(method: str, **params) -> dict:
+    """One entry of Chrome's performance log, as chromedriver returns it."""
+    return {"level": "INFO", "message": json.dumps({"message": {"method": method,
+                                                                "params": params}})}
+
+
+def test_offsite_requests_are_read_from_the_performance_log():
+    base = "http://127.0.0.1:8000"
+    entries = [
+        perf("Network.requestWillBeSent", documentURL=f"{base}/a.html",
+             request={"url": f"{base}/_static/mathjax/tex-chtml.js"}),
+        perf("Network.requestWillBeSent", documentURL=f"{base}/a.html",
+             request={"url": "data:image/png;base64,AAAA"}),
+        perf("Network.requestWillBeSent", documentURL=f"{base}/a.html",
+             request={"url": "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"}),
+        perf("Network.requestWillBeSent", documentURL=f"{base}/a.html",
+             request={"url": "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"}),
+        perf("Network.requestWillBeSent", documentURL="chrome://new-tab-page/",
+             request={"url": "chrome://resources/x.js"}),        # the browser's own page
+        perf("Network.requestWillBeSent", documentURL="chrome://new-tab-page/",
+             request={"url": "https://example.org/y.js"}),
+        perf("Network.webSocketCreated", url="wss://example.net/socket"),
+        perf("Network.responseReceived", response={"url": "https://example.com/z"}),
+        perf("Network.requestWillBeSent", documentURL=f"{base}/a.html",
+             request={"url": "http://127.0.0.1:9999/other-server.js"}),
+    ]
+    assert sitekit.offsite_requests("a.html", entries, base) == [
+        f"a.html: requests {url}, which is not on the site" for url in (
+            "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js",
+            "https://example.org/y.js", "wss://example.net/socket",
+            "http://127.0.0.1:9999/other-server.js")]
+
+
+def test_raw_tex_problems_name_the_delimiter_and_the_formula():
+    text = r"Work \(n^2 d\) here, and \[ x \] there, and $$y$$; a price of $5 is fine."
+    problems = sitekit.raw_tex_problems("p.html", text, [r"\(n^2 d\)"], ["Undefined control"])
+    assert [p.split(" shown")[0] for p in problems[:4]] == [
+        r"p.html: raw TeX \(", r"p.html: raw TeX \[", "p.html: raw TeX $$", "p.html: raw TeX $$"]
+    assert r"Work \(n^2 d\) here" in problems[0]
+    assert problems[4] == r"p.html: formula \(n^2 d\) was not typeset by MathJax (no mjx-container)"
+    assert problems[5] == "p.html: MathJax could not typeset a formula: Undefined control"
+    assert sitekit.raw_tex_problems("p.html", "n² · d, typeset", [], []) == []
+
+
+def test_axe_problems_are_the_critical_and_serious_ones_with_their_element():
+    node = lambda target: {"target": [target], "html": f"<div id='{target}'>"}  # noqa: E731
+    results = {"violations": [
+        {"id": "aria-required-children", "impact": "critical", "help": "children",
+         "nodes": [node(".citation-list")]},
+        {"id": "color-contrast", "impact": "serious", "help": "contrast",
+         "nodes": [node("#a"), node("#theme-thing")]},
+        {"id": "region", "impact": "moderate", "help": "landmarks", "nodes": [node("#b")]},
+        {"id": "empty-table-header", "impact": "minor", "help": "header", "nodes": [node("th")]},
+    ]}
+    assert sitekit.axe_counts(results) == {"critical": 1, "serious": 2, "moderate": 1, "minor": 1}
+    problems = sitekit.axe_problems("p.html", results,
+                                    excluded={("color-contrast", "#theme-thing"): "the theme's"})
+    assert len(problems) == 2
+    assert problems[0].startswith("p.html: axe aria-required-children (critical): children, "
+                                  "at .citation-list")
+    assert problems[1].startswith("p.html: axe color-contrast (serious): contrast, at #a")

@@ -18,6 +18,7 @@ import sitekit
 from sitekit import HTML, ROOT
 
 CITE = re.compile(r"\{cite(:[a-z]+)?\}`")
+PDF_NAME = "why-self-attention.pdf"   # the intro links it; it is in the site only after `make pdf`
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +31,29 @@ def test_every_internal_link_and_image_resolves(site):
     pages = sitekit.html_pages(site)
     assert len(pages) >= 3, f"too few pages to be the book: {pages}"
     problems = sitekit.link_problems(site, pages)
+    if not (site / PDF_NAME).exists():     # `make pdf` adds it (tests/test_pdf.py checks the link)
+        problems = [p for p in problems if f'{PDF_NAME}"> names a missing file' not in p]
     assert not problems, f"{len(problems)} broken link(s):\n" + "\n".join(problems)
+
+
+def test_no_page_loads_a_file_from_outside_the_site(site):
+    """Every <script>, <link>, <img> (and iframe, source, ...) of every page names the site's own
+    file: MathJax included, the site reads with no network."""
+    problems = sitekit.offsite_resources(site)
+    assert not problems, f"{len(problems)} off-site file(s):\n" + "\n".join(problems)
+    mathjax = [page for page in sitekit.html_pages(site)
+               if sitekit.parsed((site / page).resolve()).find("script", src=re.compile("mathjax"))]
+    assert mathjax, "no page loads MathJax (is sphinx-mathjax-offline in _config.yml?)"
+    for page in mathjax:
+        src = sitekit.parsed((site / page).resolve()).find("script", src=re.compile("mathjax"))["src"]
+        assert ((site / page).parent / src.split("?")[0]).resolve().is_file(), f"{page}: {src}"
 
 
 def bibliography(site: Path) -> tuple[str, set[str]]:
     """The page that holds the bibliography and the ids of its entries."""
     for page in sitekit.html_pages(site):
         soup = sitekit.parsed((site / page).resolve())
-        entries = {e["id"] for e in soup.select('[role="doc-biblioentry"][id]')}
+        entries = {e["id"] for e in soup.select('.citation-list > .citation[id]')}
         if entries:
             return page, entries
     return "", set()
@@ -68,6 +84,17 @@ def test_the_bibliography_has_entries_and_every_citation_lands_on_one(site):
             problems.append(f"{page}: its source cites, the page links no bibliography entry")
     assert cited, "no page cites the bibliography"
     assert not problems, "\n".join(problems)
+
+
+def test_the_bibliography_is_a_list_of_list_items(site):
+    """Screen readers read the entries as a list: role="listitem" in role="list"
+    (scripts/accessible_citations.py), not docutils' deprecated role="doc-biblioentry"."""
+    bib_page, _ = bibliography(site)
+    soup = sitekit.parsed((site / bib_page).resolve())
+    lists = soup.select(".citation-list")
+    assert lists and all(lst.get("role") == "list" for lst in lists), bib_page
+    roles = {entry.get("role") for lst in lists for entry in lst.find_all(recursive=False)}
+    assert roles == {"listitem"}, f"{bib_page}: the entries of the bibliography have roles {roles}"
 
 
 def test_every_notebook_page_shows_its_figures(site):
@@ -124,10 +151,27 @@ def test_link_problems_catch_each_kind_of_break(tmp_path):
 
 
 def test_the_bibliography_check_catches_a_citation_to_nowhere(tmp_path):
-    write(tmp_path / "refs.html", '<div role="doc-biblioentry" id="id1">Vaswani</div>')
+    write(tmp_path / "refs.html", '<div role="list" class="citation-list"><div class="citation" '
+          'role="listitem" id="id1">Vaswani</div></div>')
     write(tmp_path / "page.html", '<a href="refs.html#id1">[1]</a> <a href="refs.html#id9">[9]</a>')
     sitekit.parsed.cache_clear(), sitekit.ids_of.cache_clear()
     page, entries = bibliography(tmp_path)
     assert (page, entries) == ("refs.html", {"id1"})
     assert citation_links(tmp_path, "page.html", page) == ["id1", "id9"]
     assert any("#id9" in p for p in sitekit.link_problems(tmp_path))
+
+
+def test_the_offsite_check_catches_every_kind_of_outside_file(tmp_path):
+    write(tmp_path / "index.html",
+          '<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"></script>'
+          '<script src="_static/mathjax/tex-chtml.js"></script><link rel="stylesheet" '
+          'href="//fonts.example.org/a.css"><link rel="stylesheet" href="_static/a.css">'
+          '<img src="https://example.com/x.png" alt=""><img src="data:image/png;base64,AA" alt="">'
+          '<img src="_images/a.png" srcset="_images/a.png 1x, http://example.net/b.png 2x" alt="">'
+          '<iframe src="https://example.org/frame"></iframe>'
+          '<a href="https://colab.research.google.com/x">a link is not a request</a>')
+    sitekit.parsed.cache_clear(), sitekit.ids_of.cache_clear()
+    found = [re.search(r'="([^"]+)"', p).group(1) for p in sitekit.offsite_resources(tmp_path)]
+    assert found == ["https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js",
+                     "//fonts.example.org/a.css", "https://example.com/x.png",
+                     "http://example.net/b.png", "https://example.org/frame"]

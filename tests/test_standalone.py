@@ -18,15 +18,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import nbformat                                      # imported here, once: the forked workers share it
+import nbformat  # imported here, once: the forked workers share it
 import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-TIMES = ROOT / "_build" / "execution_times.json"     # the last build's times: longest first
-TIMEOUT = 300                                        # seconds a cell may run
+import book
+
+ROOT = book.ROOT
+NOTEBOOKS = [md.with_suffix(".ipynb") for md in book.notebook_sources() if md.with_suffix(".ipynb").exists()]
+TIMES = book.TIMES                                   # the last build's times: longest first
+TIMEOUT = book.TIMEOUT                               # seconds a cell may run, as in the build
 WORKERS = 2                                          # notebooks at a time (a 2-core machine)
 
 
@@ -75,8 +77,7 @@ def results(request) -> dict[str, tuple[float, str | None]]:
 
 def test_there_are_notebooks_to_run():
     assert NOTEBOOKS, "notebooks/ holds no NN_name.ipynb"
-    missing = [md.stem for md in (ROOT / "notebooks").glob("[0-9][0-9]_*.md")
-               if not md.with_suffix(".ipynb").exists()]
+    missing = [md.stem for md in book.notebook_sources() if not md.with_suffix(".ipynb").exists()]
     assert not missing, f"no .ipynb beside {missing} (run `make sync`)"
 
 
