@@ -237,7 +237,7 @@ def inside_colab() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     import sysconfig
 
-    import book                                      # the number check only; the kernel never sees it
+    import book  # the number check only; the kernel never sees it
 
     check_kernel()
     site = Path(sysconfig.get_paths()["purelib"]).resolve()
