@@ -116,8 +116,9 @@ def pip(env: Path, args: list[str], log: Path) -> None:
 def install(env: Path, requirements: list[str], log: Path) -> None:
     """pip install `requirements`, as pip resolves them today, through the wheel cache WHEELS.
 
-    pip's own HTTP cache stores nothing here (the index answers with no-store), so every new
-    environment would download everything again. Instead `pip download` resolves against the
+    pip's own HTTP cache kept nothing on this machine (after many installs ~/.cache/pip held no
+    http cache, and a second download of one file fetched it again), so every new environment
+    would download everything again. Instead `pip download` resolves against the
     index (newest allowed versions, as a plain `pip install` would) and fetches only the files
     that WHEELS lacks; then `pip install --no-index` installs from WHEELS alone."""
     WHEELS.mkdir(parents=True, exist_ok=True)
