@@ -42,6 +42,12 @@ $(STAMP): $(PINS) pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	grep -hv '^#' $(PINS) > $(STAMP)      # the pins without their comments
 
+## compat: the declared lowest torch and transformers (book.py's execution, the number check), then
+## the path Colab takes (`pip install` of the package, each .ipynb alone); own environments and _build/compat
+.PHONY: compat
+compat:
+	$(PYTHON) scripts/compat.py
+
 ## sync: re-pair every notebooks/*.md with its .ipynb (after an edit in either), outputs stripped
 sync: env
 	$(BIN)/python scripts/book.py sync

@@ -2105,13 +2105,19 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+def _states(held) -> list:
+    """A Mamba cache layer's states as a list: transformers 5.14+ keeps a dict of tensors, 5.5 to
+    5.13 one tensor (whose own `.values()` is for sparse tensors and fails)."""
+    return list(held.values()) if isinstance(held, dict) else [held]
+
+
 def cache_layer_bytes(cache) -> list[tuple[str, int]]:
     """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors (never from
     get_seq_length()): "attention" for keys and values, "mamba" for a convolution window and a state."""
     rows = []
     for layer in cache.layers:
         if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
-            held = list(layer.conv_states.values()) + list(layer.recurrent_states.values())
+            held = _states(layer.conv_states) + _states(layer.recurrent_states)
             rows.append(("mamba", tensor_bytes(held)))
         else:                                        # an attention layer: every key and value
             rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
@@ -2849,7 +2855,7 @@ def cache_tensors(cache) -> list[torch.Tensor]:
         for name in ("keys", "values"):
             held.append(getattr(layer, name, None))
         for name in ("conv_states", "recurrent_states"):
-            held.extend(getattr(layer, name, {}).values())
+            held.extend(_states(getattr(layer, name, {})))
     return [t for t in held if t is not None]
 
 
