@@ -61,3 +61,17 @@ def test_mamba_layer_bytes_from_either_shape_of_state(shape):
     attention = SimpleNamespace(keys=torch.zeros(1, 2, 8, 4), values=torch.zeros(1, 2, 8, 4))
     cache = SimpleNamespace(layers=[mamba, attention])
     assert tx.cache_layer_bytes(cache) == [("mamba", 64 * (4 + 16) * 4), ("attention", 2 * 64 * 4)]
+
+
+def test_release_names_are_checked_as_versions_not_compared(monkeypatch):
+    """A page that names the transformers release it ran on differs on another release by design."""
+    import book
+
+    monkeypatch.setattr(book, "load_expected", lambda: {"p": {"transformers_version": {"kind": "exact",
+                                                                                      "value": "5.24.0"}}})
+    glued = {"p": {"transformers_version": book.Glued("5.15.0"), "other": book.Glued(3)}}
+    compat.accept_release_names(glued)
+    assert glued["p"]["transformers_version"].value == "5.24.0" and glued["p"]["other"].value == 3
+    glued = {"p": {"transformers_version": book.Glued("not a version")}}
+    with pytest.raises(compat.CompatError, match="not a version string"):
+        compat.accept_release_names(glued)
