@@ -13,18 +13,23 @@ Run `python scripts/tx_part4.py` to print every table of the book as plain text.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import numbers
 import sys
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
+import torch.utils._python_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 # transformers imports tqdm.auto, which warns in a kernel without ipywidgets; the book needs no bars.
@@ -1722,9 +1727,6 @@ def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
 
 # ── saved from notebooks/06_kv_cache.md by `make sync` (cells marked #@save): edit them there ──
 
@@ -1914,7 +1916,8 @@ def ridge_batch(model: ExampleModel = ExampleModel(), accelerator: ExampleAccele
     return batch
 
 
-def ridge_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int | None:
+def ridge_context(model: ExampleModel = ExampleModel(),
+                  accelerator: ExampleAccelerator = ExampleAccelerator()) -> int | None:
     """The longest cache with which some batch still reaches the accelerator's FLOPs per byte; None
     when every length can (attention over a cache then does enough FLOPs per byte by itself)."""
     ratio = accelerator.flops_per_second / accelerator.bytes_per_second
@@ -2242,12 +2245,6 @@ def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 7 · 07_state_space_hybrids
 # ═══════════════════════════════════════════════════════════════════════════════════════════
-
-import contextlib
-from dataclasses import replace
-from typing import Sequence
-
-import torch.utils._python_dispatch
 
 
 # ── saved from notebooks/07_state_space_hybrids.md by `make sync` (cells marked #@save): edit them there ──
@@ -3056,7 +3053,8 @@ def model_cli(argv: list[str]) -> dict:
     costs = model_costs(config, meta_weights(config, args.bytes), accelerator, args.tokens, args.bytes,
                         decode_at=args.tokens[0])
     return {"config": str(args.config), "source": config.get("_source"), "model_type": config["model_type"],
-            "bytes_per_number": args.bytes, "memory_gib": args.memory_gib, "bytes_per_second": args.tb_per_second * 1e12,
+            "bytes_per_number": args.bytes, "memory_gib": args.memory_gib,
+            "bytes_per_second": args.tb_per_second * 1e12,
             **costs, "json": args.json}
 
 
