@@ -45,11 +45,12 @@ ROOT_PAGE = "book/intro.html"                  # Sphinx writes the single page a
 ENTRY = "print.html"                           # ... whose links are relative to the build's top
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1100,900", "--hide-scrollbars",
-         # Nothing leaves the machine: every host but ours fails at once.
-         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+#: Headless Chromium as the book drives it here and in the browser test: nothing leaves the machine
+#: (every host but ours fails at once, without a DNS wait). Add a --window-size.
+BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+FLAGS = BROWSER_FLAGS + ["--window-size=1100,900"]
 LOAD_TIMEOUT = 120       # seconds for the page, its images and MathJax's typesetting
 A4 = (8.27, 11.69)       # inches
 PLACEHOLDER = "000"      # a page number before the first print: as wide as any real one
@@ -318,6 +319,7 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.thread.join(timeout=5)
 
 
 def browser():

@@ -31,15 +31,10 @@ import pytest
 
 import book
 import sitekit
+from pdf import BROWSER_FLAGS, CHROMEDRIVER, CHROMIUM  # noqa: E402  (one browser set-up for the book)
 from sitekit import HTML, ROOT, SCREENSHOTS
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1280,900", "--hide-scrollbars",
-         # Nothing leaves the machine: every host but ours fails at once, without a DNS wait.
-         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+FLAGS = BROWSER_FLAGS + ["--window-size=1280,900"]
 LOAD_TIMEOUT = 30        # seconds for one page
 SEARCH_TIMEOUT = 20      # seconds for the search page to list its results
 MAX_SHOT_HEIGHT = 16000  # pixels of a full-page screenshot (Chromium's limit is near 16,384)
