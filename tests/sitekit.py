@@ -394,8 +394,3 @@ def link_problems(html_dir: Path, pages: list[str] | None = None) -> list[str]:
                     problems.append(f"{page}: <{tag} {attr}=\"{url}\"> names #{fragment}, "
                                     f"which {target.name} does not hold")
     return problems
-
-
-# ── a local server for the browser ────────────────────────────────────────────────────────
-
-

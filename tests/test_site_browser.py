@@ -31,7 +31,7 @@ import pytest
 
 import book
 import sitekit
-from pdf import BROWSER_FLAGS, CHROMEDRIVER, CHROMIUM  # noqa: E402  (one browser set-up for the book)
+from pdf import BROWSER_FLAGS, CHROMEDRIVER, CHROMIUM, Server  # noqa: E402  (one browser set-up for the book)
 from sitekit import HTML, ROOT, SCREENSHOTS
 
 FLAGS = BROWSER_FLAGS + ["--window-size=1280,900"]
@@ -103,7 +103,7 @@ def site(request):
         glued = book.glued_values()
     except book.BuildError as error:
         sitekit.skip_or_fail(request.config, f"the build's glued values cannot be read: {error}")
-    with sitekit.SiteServer(HTML) as server:
+    with Server(HTML) as server:
         yield Site(HTML, server.url, ROOT, glued, sitekit.html_pages(HTML))
 
 
@@ -442,7 +442,7 @@ def broken(site, tmp_path_factory):
     # 5. the notebook Colab opens is gone; 6. so is the file the download button serves
     (root / "notebooks" / f"{stem}.ipynb").unlink()
     (html / "_sources" / "notebooks" / f"{stem}.ipynb").unlink()
-    with sitekit.SiteServer(html) as server:
+    with Server(html) as server:
         yield page, key, image, Site(html, server.url, root, site.glued)
 
 
@@ -522,7 +522,7 @@ def crafted(browser, site, tmp_path_factory):
     assert removed, f"{page} loads no MathJax script"
     without = str(Path(page).with_name("without_mathjax.html").as_posix())
     (html / without).write_text(text, encoding="utf-8")
-    with sitekit.SiteServer(html) as server:
+    with Server(html) as server:
         copy = Site(html, server.url, site.root, site.glued)
         yield {name: visit(browser, copy, name) for name in [*CRAFTED, without]}, without, html
 
