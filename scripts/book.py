@@ -426,6 +426,16 @@ class Glued:
     value: object
     kind: str | None = None   # the kind hint given to tx_part4.show, if any
     tol: float | None = None
+    ratio: float | None = None        # a claim (tx.claim): the measured ratio ...
+    threshold: float | None = None    # ... and the threshold it must exceed
+    values: list | None = None        # a phrase (tx.phrase): the words it may take
+
+    @property
+    def margin(self) -> float | None:
+        """A claim's ratio ÷ threshold: above 1 it holds; under 2 another machine may flip it."""
+        if self.ratio is None or not self.threshold:
+            return None
+        return self.ratio / self.threshold
 
 
 def glued_in_notebook(notebook) -> dict[str, Glued]:
@@ -443,7 +453,9 @@ def glued_in_notebook(notebook) -> dict[str, Glued]:
             except (ValueError, SyntaxError, TypeError):
                 value = text        # not a literal: a figure or a table glued as a whole
             hint = meta.get("why_self_attention", {})
-            found[meta["scrapbook"]["name"]] = Glued(value, hint.get("kind"), hint.get("tol"))
+            found[meta["scrapbook"]["name"]] = Glued(value, hint.get("kind"), hint.get("tol"),
+                                                     hint.get("ratio"), hint.get("threshold"),
+                                                     hint.get("values"))
     return found
 
 
@@ -484,7 +496,9 @@ def load_expected(path: Path = NUMBERS) -> dict[str, dict[str, dict]]:
 
 
 def toml_value(value) -> str:
-    """A bool, int, float or str written as TOML."""
+    """A bool, int, float, str or list of them written as TOML."""
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -505,9 +519,11 @@ def dump_expected(data: dict[str, dict[str, dict]]) -> str:
     lines = [
         "# The expected value of every number the book glues: one line per key, one table per page.",
         "# kind: exact (counts) | close (floats, relative tol) | seeded (random but seeded, tol)",
-        "#       | measured (machine-dependent: only checked to be a number; relations are glued",
-        "#         as booleans of kind exact) | recorded (from a committed GPU record: checked to be a",
-        "#         number). published: the value the companion articles print, if any.",
+        "#       | measured (machine-dependent: a number, or with `values` a phrase that must be one",
+        "#         of them) | recorded (from a committed GPU record: checked to be a number).",
+        "# threshold: a claim (tx.claim), an exact boolean that holds while its measured ratio",
+        "#         exceeds the threshold; the ledger shows the ratio. published: the value the",
+        "#         companion articles print, if any.",
         "# Update with `make numbers`, which shows the diff. meaning/published/kind/tol are kept.",
     ]
     for page in sorted(data):
@@ -515,7 +531,8 @@ def dump_expected(data: dict[str, dict[str, dict]]) -> str:
         lines.append(f"[{toml_key(page)}]")
         for key, entry in data[page].items():
             fields = ", ".join(f"{name} = {toml_value(entry[name])}"
-                               for name in ("kind", "value", "tol", "published", "meaning")
+                               for name in ("kind", "value", "values", "threshold", "tol",
+                                            "published", "meaning")
                                if entry.get(name) is not None)
             lines.append(f"{toml_key(key)} = {{ {fields} }}")
     return "\n".join(lines) + "\n"
@@ -533,6 +550,7 @@ class Problem:
     expected: object
     got: object
     reason: str
+    margin: str = ""          # a claim's "ratio / threshold", where the value is a claim
 
 
 def significant(text: str) -> int:
@@ -557,13 +575,26 @@ def is_number(value) -> bool:
             and math.isfinite(value))
 
 
-def compare_one(page: str, key: str, entry: dict, value) -> Problem | None:
+def claim_margin(glued: Glued | None) -> str:
+    """A claim's ratio and threshold as the drift table and the ledger show them."""
+    if glued is None or glued.margin is None:
+        return ""
+    return f"{glued.ratio:.3g} / {glued.threshold:.3g} = {glued.margin:.2f}"
+
+
+def compare_one(page: str, key: str, entry: dict, value, glued: Glued | None = None) -> Problem | None:
     """Check one glued value against its expectation."""
     kind, expected = entry["kind"], entry.get("value")
-    problem = lambda reason: Problem(page, key, kind, expected, value, reason)  # noqa: E731
+    problem = lambda reason: Problem(page, key, kind, expected, value, reason,  # noqa: E731
+                                     claim_margin(glued))
     if kind in ("measured", "recorded"):
+        allowed = entry.get("values")
+        if allowed is not None:
+            if value not in allowed:
+                return problem(f"a phrase must be one of {allowed}")
+            return None
         if not is_number(value):
-            return problem(f"a {kind} value must be a finite number")
+            return problem(f"a {kind} value must be a finite number (a phrase needs `values`)")
         return None
     if kind == "exact":
         if type(value) is not type(expected) or value != expected:
@@ -574,6 +605,10 @@ def compare_one(page: str, key: str, entry: dict, value) -> Problem | None:
         tol = entry.get("tol") or DEFAULT_TOL[kind]
         if not math.isclose(value, expected, rel_tol=tol, abs_tol=tol * 1e-12):
             return problem(f"drifted beyond rel. tol {tol:g}")
+    threshold = entry.get("threshold")
+    if threshold is not None and (glued is None or glued.threshold != threshold):
+        return problem(f"a claim with threshold {threshold:g} in numbers.toml, glued with "
+                       f"{'none' if glued is None or glued.threshold is None else f'{glued.threshold:g}'}")
     published = entry.get("published")
     if published is not None and kind in ("exact", "close") and not agrees_with_published(value, published):
         return Problem(page, key, kind, published, value, "disagrees with the companion articles")
@@ -593,7 +628,7 @@ def compare(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glu
                 problems.append(Problem(page, key, entry["kind"], entry.get("value"), None,
                                         "missing: expected but not glued"))
             else:
-                found = compare_one(page, key, entry, have[key].value)
+                found = compare_one(page, key, entry, have[key].value, have[key])
                 if found:
                     problems.append(found)
         for key in have:
@@ -618,8 +653,9 @@ def fmt(value) -> str:
 
 def problem_table(problems: list[Problem]) -> str:
     """The drift table, one row per problem, readable in a terminal."""
-    rows = [("page", "key", "kind", "expected", "got", "what")]
-    rows += [(p.page, p.key, p.kind, fmt(p.expected), fmt(p.got), p.reason) for p in problems]
+    rows = [("page", "key", "kind", "expected", "got", "ratio / threshold", "what")]
+    rows += [(p.page, p.key, p.kind, fmt(p.expected), fmt(p.got), p.margin or "—", p.reason)
+             for p in problems]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -652,6 +688,10 @@ def accept_numbers(only: list[str] | None = None) -> None:
             entry.setdefault("kind", glued.kind or ("close" if isinstance(glued.value, float) else "exact"))
             if glued.tol is not None and "tol" not in entry:
                 entry["tol"] = glued.tol
+            if glued.values is not None:
+                entry["values"] = list(glued.values)      # a phrase: the words it may take
+            if glued.threshold is not None:
+                entry["threshold"] = glued.threshold      # a claim: the threshold it must exceed
             entry["value"] = glued.value
             new[page][key] = entry
     before = NUMBERS.read_text(encoding="utf-8") if NUMBERS.exists() else ""
@@ -681,7 +721,8 @@ def inline_html(text: str) -> str:
 
 
 LEDGER_COLUMNS = (("key", "left"), ("meaning", "left"), ("kind", "left"), ("tolerance", "right"),
-                  ("published", "right"), ("this build", "right"), ("status", "left"))
+                  ("published", "right"), ("this build", "right"), ("ratio / threshold", "right"),
+                  ("status", "left"))
 
 
 def ledger_table(rows: list[list[str]]) -> list[str]:
@@ -700,6 +741,14 @@ def ledger_table(rows: list[list[str]]) -> list[str]:
             *body, "</tbody></table></div>", "```"]
 
 
+def claims_summary(glued: dict[str, dict[str, Glued]]) -> str:
+    """How many claims this build made, and how many have a margin under 2."""
+    margins = [g.margin for keys in glued.values() for g in keys.values() if g.margin is not None]
+    close = sum(1 for m in margins if m < 2)
+    return (f"{len(margins)} claims, {close} of them with a margin under 2"
+            if margins else "no claims")
+
+
 def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> str:
     """The ledger page: every checked number, its meaning, kind, tolerance, published value, build value,
     status."""
@@ -716,7 +765,15 @@ def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str,
         "relative tolerance shown; **measured** values come from this machine's clock and are only",
         "checked to be numbers, while the relations between them are checked as exact booleans;",
         "**recorded** values come from a committed measurement made on another machine (a GPU),",
-        "labelled on the page with its device and date, and are checked to be there.",
+        "labelled on the page with its device and date, and are checked to be there. A measured",
+        "*phrase* (\"faster than\" or \"slower than\") is the words a sentence takes from this",
+        "machine's clock: it must be one of the phrases its key allows.",
+        "",
+        "A *claim* is an exact boolean measured on this machine that the argument rests on. It",
+        "holds while its measured ratio exceeds its threshold; the column *ratio / threshold*",
+        "shows both and their quotient, the margin. A margin under 2 (marked ⚠) is close enough",
+        "to flip on another machine. This build has "
+        + claims_summary(glued) + ".",
     ]
     for page in sorted(expected):
         rows = []
@@ -725,9 +782,12 @@ def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str,
             tol = entry.get("tol") or DEFAULT_TOL.get(kind)
             have = glued.get(page, {}).get(key)
             status = problems.get((page, key), "ok")
+            margin = claim_margin(have)
+            if margin and have.margin < 2:
+                margin = "⚠ " + margin
             rows.append([f"`{key}`", entry.get("meaning") or default_meaning(key), kind,
                          f"{tol:g}" if tol else "—", fmt(entry.get("published")),
-                         fmt(have.value if have else None),
+                         fmt(have.value if have else None), margin or "—",
                          "✅ ok" if status == "ok" else f"❌ {status}"])
         lines += ["", f"## [{page}](../notebooks/{page}.md)", "", *ledger_table(rows)]
     return "\n".join(lines) + "\n"

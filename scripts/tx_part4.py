@@ -117,22 +117,24 @@ def _in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def _glue(key: str, value, kind: str, tol: float | None) -> None:
+def _glue(key: str, value, kind: str, tol: float | None, **hint) -> None:
     """Store `value` under `key` the way myst-nb's glue does, plus a hint of its kind.
 
-    myst-nb reads the `scrapbook` metadata; scripts/book.py also reads `why_self_attention`,
-    which seeds the kind of a new key in numbers.toml.
+    myst-nb reads the `scrapbook` metadata; scripts/book.py also reads `why_self_attention`:
+    the kind and tolerance seed a new key in numbers.toml; a claim's `ratio` and `threshold`
+    and a phrase's `values` go to the number check and the ledger.
     """
     from IPython.core.formatters import format_display_data
     from IPython.display import display
 
     bundle, metadata = format_display_data(value)
     metadata["scrapbook"] = {"name": key, "mime_prefix": GLUE_PREFIX}
-    metadata["why_self_attention"] = {"kind": kind, "tol": tol}
+    metadata["why_self_attention"] = {"kind": kind, "tol": tol, **hint}
     display({GLUE_PREFIX + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
 
 
-def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float | None = None):
+def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float | None = None,
+         **hint):
     """Glue `value` under `key` for the page's prose, and print it for a reader.
 
     In the rendered book the prose pastes the value with {glue:text}`key:fmt`; in Jupyter or
@@ -140,17 +142,57 @@ def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float
     it (exact, close, seeded, measured); by default whole numbers are exact, floats close.
     Returns the plain value, so that a cell can go on using it.
     """
-    if not isinstance(key, str) or not key or any(c.isspace() or c in "`:{}" for c in key):
-        raise ValueError(f"key must be a non-empty name without spaces, colons or braces, got {key!r}")
+    check_key(key)
     value = plain(value)
     if kind is None:
         kind = "close" if isinstance(value, float) else "exact"
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if _in_notebook():
-        _glue(key, value, kind, tol)
+        _glue(key, value, kind, tol, **hint)
     print(f"{key} = {value if isinstance(value, bool) else fmt.format(value)}")   # "{:,}" makes True 1
     return value
+
+
+def check_key(key: str) -> None:
+    """Raise ValueError unless `key` can be a glue key (no spaces, colons or braces)."""
+    if not isinstance(key, str) or not key or any(c.isspace() or c in "`:{}" for c in key):
+        raise ValueError(f"key must be a non-empty name without spaces, colons or braces, got {key!r}")
+
+
+def claim(key: str, ratio: float, threshold: float = 1.0) -> bool:
+    """A claim the argument rests on, measured on this machine: `ratio` exceeds `threshold`.
+
+    Write the ratio so that larger means "the claim holds" (slow time ÷ fast time, a share
+    kept ÷ nothing). The claim is glued under `key` as an exact boolean, so the build fails if
+    it flips; the ratio and the threshold travel with it, and the ledger shows both and the
+    margin ratio ÷ threshold. A margin under 2 is a claim that another machine may flip: measure
+    it where the margin is wide, or make the sentence follow the measurement (`phrase`).
+    Returns the verdict. Never paste it into a sentence: the page states the claim, the build
+    checks it.
+    """
+    check_key(key)
+    check_positive_number(threshold=threshold)
+    ratio = plain(ratio)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
+        raise ValueError(f"ratio must be a finite number, got {ratio!r}")
+    return show(key, bool(ratio > threshold), kind="exact", ratio=float(ratio),
+                threshold=float(threshold))
+
+
+def phrase(key: str, condition: bool, if_true: str, if_false: str) -> str:
+    """Words for a sentence that follow a measurement on this machine: glue `if_true` or
+    `if_false` under `key` ("the band is {glue:text}`band_vs_mask` the mask" reads "faster than"
+    or "slower than"). Kind *measured*: the number check accepts either phrase, and no other.
+    Returns the phrase."""
+    check_key(key)
+    for name, words in (("if_true", if_true), ("if_false", if_false)):
+        if not isinstance(words, str) or not words.strip():
+            raise ValueError(f"{name} must be a non-empty phrase, got {words!r}")
+    if if_true == if_false:
+        raise ValueError(f"if_true and if_false must differ, got {if_true!r} twice")
+    words = if_true if bool(condition) else if_false
+    return show(key, words, "{}", kind="measured", values=[if_true, if_false])
 
 
 def record(values: dict | None = None, /, *, kind: str | None = None, tol: float | None = None,
@@ -207,8 +249,86 @@ def show_table(name: str, table: pd.DataFrame, kind: str | None = None, tol: flo
     return table
 
 
+#: Tests simulate another machine: JSON in this variable replaces facts that `machine` reads
+#: (say '{"largest_cache_bytes": 314572800, "cores": 64}'), in the kernel that runs a page.
+MACHINE_ENV = "WHY_SELF_ATTENTION_MACHINE"
+
+#: The size of torch's intra-op thread pool as torch found it, before `setup` pins one thread.
+THREADS_AT_IMPORT = torch.get_num_threads()
+
+
+def largest_cache_bytes() -> int | None:
+    """The size of this CPU's largest cache in bytes, as the operating system reports it (Linux
+    sysfs, macOS sysctl); None where it says nothing. One instance: on most CPUs the last-level
+    cache is shared by the cores, and this book times one thread."""
+    import re
+    import subprocess
+
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        found = re.fullmatch(r"(\d+)([KMG]?)", entry.read_text().strip())
+        if found:
+            sizes.append(int(found[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[found[2]])
+    if not sizes and sys.platform == "darwin":
+        for name in ("hw.l3cachesize", "hw.l2cachesize"):
+            done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True)
+            if done.returncode == 0 and done.stdout.strip().isdigit():
+                sizes.append(int(done.stdout.strip()))
+    return max(sizes) if sizes else None
+
+
+def cpu_name() -> str:
+    """The processor's model name as the operating system gives it ("unknown" where it does not)."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine() -> dict:
+    """Facts about the machine that runs this page: read, never assumed. Every sentence about
+    the hardware takes its words from these (and every page prints them, through `setup`).
+
+    cpu: the processor's name; cores: logical cores the OS reports; threads: torch's thread
+    pool before `setup`; largest_cache_bytes: the largest CPU cache (None if unknown);
+    blas: the matrix library torch calls; kernels: the instruction set of torch's CPU kernels.
+    The variable named by MACHINE_ENV replaces any of them (tests simulate other machines).
+    """
+    import json
+    import os
+    import re
+
+    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    facts = {"cpu": cpu_name(), "cores": os.cpu_count() or 1, "threads": THREADS_AT_IMPORT,
+             "largest_cache_bytes": largest_cache_bytes(),
+             "blas": blas[1] if blas else "unknown",
+             "kernels": torch.backends.cpu.get_cpu_capability()}
+    override = os.environ.get(MACHINE_ENV)
+    if override:
+        replaced = json.loads(override)
+        unknown = sorted(set(replaced) - set(facts))
+        if unknown:
+            raise ValueError(f"{MACHINE_ENV} names unknown facts {unknown}; known: {sorted(facts)}")
+        facts.update(replaced)
+    return facts
+
+
+def machine_text(facts: dict | None = None) -> str:
+    """The machine facts in one line, as each page's setup prints them."""
+    facts = facts or machine()
+    cache = facts["largest_cache_bytes"]
+    cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
+    return (f"{facts['cpu']}, {facts['cores']} cores, torch's pool {facts['threads']} threads, "
+            f"largest cache {cache}, BLAS {facts['blas']}, kernels {facts['kernels']}")
+
+
 def setup(seed: int = 0, threads: int = 1) -> str:
-    """Fix the random seed and the number of CPU threads, set the figure style; say what was set.
+    """Fix the random seed and the number of CPU threads, set the figure style; say what was set
+    and what machine this is (`machine`).
 
     It also freezes the objects that exist now: the libraries just imported, some million
     objects that live as long as the kernel. Python's garbage collector then stops scanning them
@@ -221,7 +341,8 @@ def setup(seed: int = 0, threads: int = 1) -> str:
     torch.set_num_threads(threads)
     use_book_style()
     gc.freeze()                    # imported modules never become garbage: leave them out of it
-    return f"torch {torch.__version__}, seed {seed}, {threads} CPU thread(s)"
+    return (f"torch {torch.__version__}, seed {seed}, {threads} CPU thread(s)\n"
+            f"machine: {machine_text()}")
 
 
 def use_book_style() -> None:
@@ -1578,26 +1699,6 @@ def score_table_bytes(n: int, bytes_per_number: int = 4) -> dict[str, int]:
     check_positive(n=n, bytes_per_number=bytes_per_number)
     return {"scores": n * n * bytes_per_number,   # one number per (query, key) pair
             "mask": n * n}                        # one byte per pair (torch.bool)
-
-
-def largest_cache_bytes() -> int | None:
-    """The size of this CPU's largest cache in bytes, as the operating system reports it (Linux
-    sysfs, macOS sysctl); None where it says nothing. One instance: on most CPUs the last-level
-    cache is shared by the cores, and this book times one thread."""
-    import re
-    import subprocess
-
-    sizes = []
-    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        found = re.fullmatch(r"(\d+)([KMG]?)", entry.read_text().strip())
-        if found:
-            sizes.append(int(found[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[found[2]])
-    if not sizes and sys.platform == "darwin":
-        for name in ("hw.l3cachesize", "hw.l2cachesize"):
-            done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True)
-            if done.returncode == 0 and done.stdout.strip().isdigit():
-                sizes.append(int(done.stdout.strip()))
-    return max(sizes) if sizes else None
 
 
 def aten_ops(fn: Callable, *args, **kwargs) -> list[str]:

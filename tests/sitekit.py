@@ -394,3 +394,29 @@ def link_problems(html_dir: Path, pages: list[str] | None = None) -> list[str]:
                     problems.append(f"{page}: <{tag} {attr}=\"{url}\"> names #{fragment}, "
                                     f"which {target.name} does not hold")
     return problems
+
+
+# ── verdicts in running text ──────────────────────────────────────────────────────────────
+
+VERDICT = re.compile(r"\b(True|False)\b")
+
+
+def verdicts_in_text(html_dir: Path = HTML) -> list[str]:
+    """Every True or False that a notebook page shows in running text: paragraphs and list
+    items outside code cells and tables. A check belongs in a hidden cell and the ledger; the
+    reader sees a sentence, not a test log."""
+    problems = []
+    for page in html_pages(html_dir):
+        if not page.startswith("notebooks/"):
+            continue
+        main = parsed((html_dir / page).resolve()).find("main") or parsed((html_dir / page).resolve())
+        for block in main.select("p, li"):
+            if block.find_parent(class_="cell") or block.find_parent("table"):
+                continue
+            if block.find_parent("li") and block.name == "p":
+                continue                     # its list item is read whole
+            text = " ".join(block.get_text(" ").split())
+            for found in VERDICT.finditer(text):
+                start = max(0, found.start() - 60)
+                problems.append(f"{page}: …{text[start:found.end() + 20]}…")
+    return problems

@@ -157,3 +157,56 @@ def test_a_recorded_value_must_be_there_as_a_number():
     assert "recorded value must be a finite number" in problem.reason
     (problem,) = book.compare(expected, {"p": {}})
     assert problem.reason.startswith("missing")
+
+
+def test_a_phrase_must_be_one_of_its_words():
+    expected = {"p": {"band_vs_mask": {"kind": "measured", "value": "slower than",
+                                       "values": ["slower than", "faster than"]}}}
+    assert compare(expected, {"p": {"band_vs_mask": Glued("faster than")}}) == []
+    problems = compare(expected, {"p": {"band_vs_mask": Glued("about as fast as")}})
+    assert [p.key for p in problems] == ["band_vs_mask"]
+    assert "one of" in problems[0].reason
+
+
+def test_a_measured_string_without_values_fails():
+    expected = {"p": {"k": {"kind": "measured", "value": "fast"}}}
+    assert [p.key for p in compare(expected, {"p": {"k": Glued("fast")}})] == ["k"]
+
+
+def test_a_claim_that_flips_fails_and_shows_its_margin():
+    expected = {"p": {"band_wins": {"kind": "exact", "value": True, "threshold": 1.0}}}
+    holds = Glued(True, "exact", None, 3.0, 1.0)
+    assert compare(expected, {"p": {"band_wins": holds}}) == []
+    flipped = Glued(False, "exact", None, 0.9, 1.0)
+    problems = compare(expected, {"p": {"band_wins": flipped}})
+    assert [(p.key, p.margin) for p in problems] == [("band_wins", "0.9 / 1 = 0.90")]
+    assert "0.9 / 1 = 0.90" in problem_table(problems)
+
+
+def test_a_claim_whose_threshold_changed_fails():
+    expected = {"p": {"k": {"kind": "exact", "value": True, "threshold": 2.0}}}
+    problems = compare(expected, {"p": {"k": Glued(True, "exact", None, 5.0, 1.0)}})
+    assert [p.key for p in problems] == ["k"] and "threshold" in problems[0].reason
+
+
+def test_the_ledger_flags_claims_near_their_threshold():
+    expected = {"p": {"close": {"kind": "exact", "value": True, "threshold": 1.0},
+                      "wide": {"kind": "exact", "value": True, "threshold": 1.0}}}
+    glued = {"p": {"close": Glued(True, "exact", None, 1.5, 1.0),
+                   "wide": Glued(True, "exact", None, 30.0, 1.0)}}
+    text = book.ledger_text(expected, glued)
+    assert "⚠ 1.5 / 1 = 1.50" in text and "30 / 1 = 30.00" in text
+    assert "2 claims, 1 of them with a margin under 2" in text
+
+
+def test_make_numbers_keeps_a_phrase_and_a_claim(tmp_path, monkeypatch):
+    monkeypatch.setattr(book, "NUMBERS", tmp_path / "numbers.toml")
+    glued = {"p": {"words": Glued("faster than", "measured", None, None, None,
+                                  ["faster than", "slower than"]),
+                   "wins": Glued(True, "exact", None, 4.0, 1.5)}}
+    monkeypatch.setattr(book, "glued_values", lambda only=None: glued)
+    book.accept_numbers()
+    again = book.load_expected(tmp_path / "numbers.toml")
+    assert again["p"]["words"]["values"] == ["faster than", "slower than"]
+    assert again["p"]["wins"]["threshold"] == 1.5
+    assert compare(again, glued) == []

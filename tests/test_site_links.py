@@ -175,3 +175,20 @@ def test_the_offsite_check_catches_every_kind_of_outside_file(tmp_path):
     assert found == ["https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js",
                      "//fonts.example.org/a.css", "https://example.com/x.png",
                      "http://example.net/b.png", "https://example.org/frame"]
+
+
+def test_no_verdict_stands_in_running_text(site):
+    """The reader sees sentences, not True/False: checks run in hidden cells and the ledger."""
+    problems = sitekit.verdicts_in_text(site)
+    assert not problems, f"{len(problems)} True/False in running text:\n" + "\n".join(problems)
+
+
+def test_the_verdict_check_finds_a_glued_boolean_in_prose(tmp_path):
+    write(tmp_path / "notebooks" / "01_costs.html",
+          '<main><p>The counts agree: <span class="pasted-text">True</span>.</p>'
+          '<ul><li><p>It flips: False</p></li></ul>'
+          '<div class="cell"><pre>print(x == y)  # True</pre><p>True</p></div>'
+          '<table><tr><td>True</td></tr></table><p>Trueness is fine.</p></main>')
+    sitekit.parsed.cache_clear()
+    problems = sitekit.verdicts_in_text(tmp_path)
+    assert len(problems) == 2 and all(p.startswith("notebooks/01_costs.html") for p in problems)
