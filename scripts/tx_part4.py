@@ -1004,171 +1004,150 @@ def time_slots(positions: int, parallel: bool) -> torch.Tensor:
 # ── saved from notebooks/03_paths.md by `make sync` (cells marked #@save): edit them there ──
 
 def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
-    """The link table of one layer: links[i, j] is True if output i reads input j directly.
+    """The link table of one layer: links[i, j] is True if output i
+    reads input j directly.
 
-    Output i reads input i + o for each offset o (inputs outside 0 … n-1 do not exist).
-    A one-sided kernel of width 3 has offsets (0, -1, -2); dilated by 3, (0, -3, -6);
-    attention restricted to r = 5 centred positions has offsets -2 … 2.
+    Output i reads input i + o for each offset o (inputs outside
+    0 … n-1 do not exist). A one-sided kernel of width 3 has offsets
+    (0, -1, -2); dilated by 3, (0, -3, -6); attention restricted to
+    r = 5 centred positions has offsets -2 … 2.
     """
     tx.check_positive(n=n)
     offsets = [int(o) for o in offsets]
     if not offsets:
         raise ValueError("offsets must name at least one offset, got none")
-    i = torch.arange(n).unsqueeze(1)               # output positions, one per row
-    j = torch.arange(n).unsqueeze(0)               # input positions, one per column
+    i = torch.arange(n).unsqueeze(1)       # output positions, one per row
+    j = torch.arange(n).unsqueeze(0)       # input positions, one per column
     return torch.isin(j - i, torch.tensor(offsets))
 
 
-def follow(seen: torch.Tensor, offsets: Iterable[int]) -> torch.Tensor:
-    """One layer of the boolean product: output i is reached if an input i + o it reads was.
+def contiguous_offsets(k: int = 3) -> list[int]:
+    """A one-sided kernel of width k: output i reads i, i-1, …, i-k+1."""
+    tx.check_positive(k=k)
+    return [-o for o in range(k)]
 
-    Equal to (window_links(n, offsets) @ seen) > 0, without building the n × n table."""
+
+def dilated_offsets(layer: int, k: int = 3) -> list[int]:
+    """Layer L of the book's one-sided dilated stack: k taps k^(L-1)
+    apart (dilation 1, k, k², …).
+
+    ByteNet doubles its dilations instead (1, 2, 4, …); with k = 3
+    tripling leaves no gaps."""
+    tx.check_positive(layer=layer, k=k)
+    return [-o * k ** (layer - 1) for o in range(k)]
+
+
+def centred_offsets(r: int) -> list[int]:
+    """Attention restricted to a neighbourhood of r positions centred on
+    the query (r odd)."""
+    tx.check_positive(r=r)
+    if r % 2 == 0:
+        raise ValueError(
+            f"r must be odd (a window centred on its query), got {r}")
+    return list(range(-(r // 2), r // 2 + 1))
+
+
+def every_offset(n: int) -> list[int]:
+    """Self-attention over n positions: output i reads every input,
+    offsets -(n-1) … n-1."""
+    tx.check_positive(n=n)
+    return list(range(-(n - 1), n))
+
+
+def follow(seen: torch.Tensor, offsets: Iterable[int]) -> torch.Tensor:
+    """One layer of the boolean product: output i is reached if an input
+    i + o it reads was.
+
+    Equal to (window_links(n, offsets) @ seen) > 0, without building the
+    n × n table."""
     n = seen.shape[0]
     reached = torch.zeros_like(seen)
-    for o in offsets:                               # output i reads input i + o
-        lo, hi = max(0, -o), min(n, n - o)          # the outputs whose input i + o exists
-        if lo < hi:
-            reached[lo:hi] |= seen[lo + o:hi + o]   # True·True = True; a sum is True if any term is
+    for o in offsets:                       # output i reads input i + o
+        # the outputs whose input i + o exists
+        lo, hi = max(0, -o), min(n, n - o)
+        if lo < hi:                         # or: any reached input it reads
+            reached[lo:hi] |= seen[lo + o:hi + o]
     return reached
 
 
-def layers_to_connect(n: int, layer_offsets: Callable[[int], Iterable[int]],
+def layers_to_connect(n: int,
+                      layer_offsets: Callable[[int], Iterable[int]],
                       max_layers: int | None = None) -> int | None:
-    """How many layers (offsets of layer L: layer_offsets(L)) until output n depends on input 1.
+    """How many layers (offsets of layer L: layer_offsets(L)) until
+    output n depends on input 1.
 
     Returns None if `max_layers` (default 10 n) do not connect."""
     tx.check_positive(n=n)
     max_layers = 10 * n if max_layers is None else max_layers
     tx.check_positive(max_layers=max_layers)
     seen = torch.zeros(n, dtype=torch.bool)
-    seen[0] = True                                  # before any layer, input 1 reaches position 1
+    seen[0] = True            # before any layer, input 1 reaches itself
     for L in range(1, max_layers + 1):
-        seen = follow(seen, layer_offsets(L))       # one more layer of the stack
-        if seen[n - 1]:                             # output n now depends on input 1
+        seen = follow(seen, layer_offsets(L))   # one more layer
+        if seen[n - 1]:                 # output n now depends on input 1
             return L
     return None
 
 
-def reach(layers: int, k: int = 3, doubling: bool = False) -> int:
-    """Positions that L stacked one-sided kernels of width k reach: 1 + (k-1)·(sum of dilations).
-
-    Contiguous taps have dilations 1, 1, …, 1; doubling gaps 1, 2, 4, …, 2^(L-1).
-    A causal attention window of w keys is a kernel of width k = w."""
-    tx.check_positive(layers=layers, k=k)
-    dilation_sum = 2 ** layers - 1 if doubling else layers      # 1 + 2 + … + 2^(L-1), or L ones
-    return 1 + (k - 1) * dilation_sum
-
-
-def reach_after(dilations: Iterable[int], k: int = 3) -> list[int]:
-    """Positions that input 1 reaches after each layer of a stack (as many as the last output
-    reads), followed with `follow`: kernels of width k, one dilation per layer."""
-    dilations = [int(dl) for dl in dilations]
-    tx.check_positive(k=k, **{f"dilation {i + 1}": dl for i, dl in enumerate(dilations)})
-    seen = torch.zeros(1 + (k - 1) * sum(dilations), dtype=torch.bool)   # room for the whole reach
-    seen[0] = True                                                       # input 1
-    counts = []
-    for dl in dilations:
-        seen = follow(seen, [-tap * dl for tap in range(k)])   # output i reads i, i - dl, i - 2 dl, …
-        counts.append(int(seen.sum()))
-    return counts
-
-
-def order_test(n: int = 8, d: int = 16, seed: int = 0, positions: bool = False,
-               causal: bool = False) -> float:
-    """Shuffle the rows of x: do the outputs of one self-attention layer shuffle the same way?
-
-    Returns max |layer(x[perm]) - layer(x)[perm]|: rounding only, when attention cannot see
-    order. With `positions`, the Transformer's position vectors are added to x first; with
-    `causal`, query i reads only keys 0 … i, as in a decoder."""
-    tx.check_positive(n=n, d=d)
-    Wq, Wk, Wv = tx.random_weights(3, d, seed)                  # one layer with random weights
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(n, d, generator=g)                           # n rows of d numbers
-    perm = torch.randperm(n, generator=g)                        # a shuffle of the rows
-    add = tx.sinusoid_positions(n, d) if positions else torch.zeros(n, d)   # slot i: position i
-    mask = tx.causal_mask(n) if causal else None                 # slot i reads slots 0 … i
-
-    def attend(h):                                               # the layer: projections, then the core
-        return tx.attention_core(h @ Wq, h @ Wk, h @ Wv, mask)
-
-    return (attend(x[perm] + add) - attend(x + add)[perm]).abs().max().item()   # shuffle first, or last
-
-# ── end of the cells saved from notebooks/03_paths.md ──
-
-
-def shortest_route(n: int, layer_offsets: Callable[[int], Iterable[int]], layers: int) -> list[int]:
-    """One route from input 1 to output n through `layers` stacked layers: a position per level.
-
-    Level 0 is the input; level L is the output of layer L. The route goes forward with
-    `follow` (which positions input 1 has reached), then back from output n, each time to a
-    position that was reached and that the layer reads.
-    """
-    check_positive(n=n, layers=layers)
-    offsets = [[int(o) for o in layer_offsets(L)] for L in range(1, layers + 1)]
-    reached = [torch.zeros(n, dtype=torch.bool)]
-    reached[0][0] = True                                    # input 1 reaches itself
-    for layer in offsets:
-        reached.append(follow(reached[-1], layer))
-    if not reached[-1][n - 1]:
-        raise ValueError(f"layers must be enough to connect input 1 to output {n}, got {layers}")
-    route = [n - 1]
-    for level in range(layers, 0, -1):                      # from the output back to the input
-        options = [route[-1] + o for o in offsets[level - 1]
-                   if 0 <= route[-1] + o < n and reached[level - 1][route[-1] + o]]
-        route.append(min(options))                          # the earliest position that works
-    return route[::-1]
-
-
 def recurrent_path(n: int) -> int:
-    """Hops from input 1 to output n in a recurrent layer: h_1 → h_2 → … → h_n."""
-    check_positive(n=n)
-    t, hops = 1, 0                                 # x_1 has entered the memory h_1
+    """Hops from input 1 to output n in a recurrent layer:
+    h_1 → h_2 → … → h_n."""
+    tx.check_positive(n=n)
+    t, hops = 1, 0                    # x_1 has entered the memory h_1
     while t < n:
-        t += 1                                     # one step: h_t is computed from h_(t-1)
+        t += 1                  # one step: h_t is computed from h_(t-1)
         hops += 1
     return hops
 
 
-def contiguous_offsets(k: int = 3) -> list[int]:
-    """A one-sided kernel of width k: output i reads i, i-1, …, i-k+1."""
-    check_positive(k=k)
-    return [-o for o in range(k)]
+def shortest_route(n: int, layer_offsets: Callable[[int], Iterable[int]],
+                   layers: int) -> list[int]:
+    """One route from input 1 to output n through `layers` stacked layers:
+    a position per level.
+
+    Level 0 is the input; level L is the output of layer L. The route goes
+    forward with `follow` (which positions input 1 has reached), then back
+    from output n, each time to a position that was reached and that the
+    layer reads.
+    """
+    tx.check_positive(n=n, layers=layers)
+    offsets = [[int(o) for o in layer_offsets(L)]
+               for L in range(1, layers + 1)]
+    reached = [torch.zeros(n, dtype=torch.bool)]
+    reached[0][0] = True                          # input 1 reaches itself
+    for layer in offsets:
+        reached.append(follow(reached[-1], layer))
+    if not reached[-1][n - 1]:
+        raise ValueError(f"layers must be enough to connect input 1 to "
+                         f"output {n}, got {layers}")
+    route = [n - 1]
+    for level in range(layers, 0, -1):   # from the output back to input
+        options = [route[-1] + o for o in offsets[level - 1]
+                   if 0 <= route[-1] + o < n
+                   and reached[level - 1][route[-1] + o]]
+        route.append(min(options))       # the earliest position that works
+    return route[::-1]
 
 
-def dilated_offsets(layer: int, k: int = 3) -> list[int]:
-    """Layer L of the book's one-sided dilated stack: k taps k^(L-1) apart (dilation 1, k, k², …).
-
-    ByteNet doubles its dilations instead (1, 2, 4, …); with k = 3 tripling leaves no gaps."""
-    check_positive(layer=layer, k=k)
-    return [-o * k ** (layer - 1) for o in range(k)]
-
-
-def centred_offsets(r: int) -> list[int]:
-    """Attention restricted to a neighbourhood of r positions centred on the query (r odd)."""
-    check_positive(r=r)
-    if r % 2 == 0:
-        raise ValueError(f"r must be odd (a window centred on its query), got {r}")
-    return list(range(-(r // 2), r // 2 + 1))
-
-
-def every_offset(n: int) -> list[int]:
-    """Self-attention over n positions: output i reads every input, offsets -(n-1) … n-1."""
-    check_positive(n=n)
-    return list(range(-(n - 1), n))
-
-
-@cli_table("Part 3 · Table 1, column 3: layers (or steps) until output n depends on input 1 (k = 3)")
-def path_table(ns: Iterable[int] = (8, 27, 64, 100), k: int = 3, rs: Iterable[int] = (5, 17)) -> pd.DataFrame:
-    """Layers to connect the first and the last position, following the link tables layer by layer."""
+@tx.cli_table("Part 3 · Table 1, column 3: layers (or steps) until "
+              "output n depends on input 1 (k = 3)")
+def path_table(ns: Iterable[int] = (8, 27, 64, 100), k: int = 3,
+               rs: Iterable[int] = (5, 17)) -> pd.DataFrame:
+    """Layers to connect the first and the last position, following the
+    link tables layer by layer."""
     rows = {}
     for n in ns:
-        check_positive(n=n)
-        row = {"self-attention": layers_to_connect(n, lambda L: every_offset(n)),   # every query, every key
+        tx.check_positive(n=n)
+        row = {"self-attention":        # every query, every key
+               layers_to_connect(n, lambda L: every_offset(n)),
                "recurrent": recurrent_path(n),
-               f"conv k={k}": layers_to_connect(n, lambda L: contiguous_offsets(k)),
-               f"dilated k={k}": layers_to_connect(n, lambda L: dilated_offsets(L, k))}
+               f"conv k={k}":
+               layers_to_connect(n, lambda L: contiguous_offsets(k)),
+               f"dilated k={k}":
+               layers_to_connect(n, lambda L: dilated_offsets(L, k))}
         for r in rs:
-            row[f"restricted r={r}"] = layers_to_connect(n, lambda L: centred_offsets(r))
+            row[f"restricted r={r}"] = layers_to_connect(
+                n, lambda L: centred_offsets(r))
         rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
@@ -1176,92 +1155,223 @@ def path_table(ns: Iterable[int] = (8, 27, 64, 100), k: int = 3, rs: Iterable[in
 
 
 def contiguous_layers(distance: int, k: int = 3) -> int:
-    """The formula: L contiguous layers reach 1 + (k-1)·L positions (itself included), so a
-    distance of `distance` positions back takes ⌈distance / (k-1)⌉ layers."""
-    check_positive(distance=distance, k=k)
+    """The formula: L contiguous layers reach 1 + (k-1)·L positions (itself
+    included), so a distance of `distance` positions back takes
+    ⌈distance / (k-1)⌉ layers."""
+    tx.check_positive(distance=distance, k=k)
     if k < 2:
-        raise ValueError(f"k must be at least 2 to reach another position, got {k}")
+        raise ValueError(
+            f"k must be at least 2 to reach another position, got {k}")
     return -(-distance // (k - 1))
 
 
 def dilated_layers(n: int, k: int = 3) -> int:
-    """The formula: L dilated layers (dilation 1, k, k², …) reach k^L positions (itself included),
-    so ⌈log_k n⌉."""
-    check_positive(n=n, k=k)
+    """The formula: L dilated layers (dilation 1, k, k², …) reach k^L
+    positions (itself included), so ⌈log_k n⌉."""
+    tx.check_positive(n=n, k=k)
     if k < 2:
-        raise ValueError(f"k must be at least 2 to reach another position, got {k}")
+        raise ValueError(
+            f"k must be at least 2 to reach another position, got {k}")
     layers = 0
-    while k ** layers < n:                         # whole numbers: no rounding of a logarithm
+    while k ** layers < n:       # whole numbers: no rounding of a logarithm
         layers += 1
     return max(layers, 1)
 
 
-@cli_table("Part 3 · layers a kernel of 3 needs to connect position 1 and position n: tables against formulas")
-def conv_layers_table(ns: Iterable[int] = (10, 27, 100, 512), k: int = 3) -> pd.DataFrame:
-    """Contiguous and dilated layers to connect 1 and n: link tables followed, and closed formulas."""
+@tx.cli_table("Part 3 · layers a kernel of 3 needs to connect position 1 "
+              "and position n: tables against formulas")
+def conv_layers_table(ns: Iterable[int] = (10, 27, 100, 512),
+                      k: int = 3) -> pd.DataFrame:
+    """Contiguous and dilated layers to connect 1 and n: link tables
+    followed, and closed formulas."""
     rows = {}
     for n in ns:
-        check_positive(n=n)
-        rows[n] = {"contiguous": layers_to_connect(n, lambda L: contiguous_offsets(k)),
-                   "contiguous formula": contiguous_layers(n - 1, k),
-                   "dilated": layers_to_connect(n, lambda L: dilated_offsets(L, k)),
-                   "dilated formula": dilated_layers(n, k),
-                   "self-attention": layers_to_connect(n, lambda L: every_offset(n)),   # every pair
-                   "recurrent steps": recurrent_path(n)}
+        tx.check_positive(n=n)
+        rows[n] = {
+            "contiguous":
+            layers_to_connect(n, lambda L: contiguous_offsets(k)),
+            "contiguous formula": contiguous_layers(n - 1, k),
+            "dilated":
+            layers_to_connect(n, lambda L: dilated_offsets(L, k)),
+            "dilated formula": dilated_layers(n, k),
+            "self-attention":                              # every pair
+            layers_to_connect(n, lambda L: every_offset(n)),
+            "recurrent steps": recurrent_path(n)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
-    table["equal"] = ((table["contiguous"] == table["contiguous formula"])
-                      & (table["dilated"] == table["dilated formula"]))
+    table["equal"] = (
+        (table["contiguous"] == table["contiguous formula"])
+        & (table["dilated"] == table["dilated formula"]))
     return table
 
 
-def conv_stack_gradient(n: int, layers: int, dilated: bool = False, k: int = 3, channels: int = 8,
+def conv_stack_gradient(n: int, layers: int, dilated: bool = False,
+                        k: int = 3, channels: int = 8,
                         seed: int = 0) -> float:
-    """Method 2: a real stack of random one-sided Conv1d layers. Returns |d out_n / d x_1|.
+    """Method 2: a real stack of random one-sided conv1d layers.
+    Returns |d out_n / d x_1|.
 
-    Each layer pads on the left only, so output t reads inputs t, t - dil, …, t - (k-1) dil,
-    with dil = k^l in layer l of a dilated stack and 1 otherwise. The sum of the absolute
-    gradients at input 1 is exactly 0 when no path joins it to the last output.
+    Each layer pads on the left only, so output t reads inputs t, t - dil,
+    …, t - (k-1) dil, with dil = k^l in layer l of a dilated stack and 1
+    otherwise. The sum of the absolute gradients at input 1 is exactly 0
+    when no path joins it to the last output.
     """
-    check_positive(n=n, layers=layers, k=k, channels=channels)
+    tx.check_positive(n=n, layers=layers, k=k, channels=channels)
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1, channels, n, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(1, channels, n, generator=g, dtype=torch.float64,
+                    requires_grad=True)
     h = x
     for layer in range(layers):
         dilation = k ** layer if dilated else 1
-        w = torch.randn(channels, channels, k, generator=g, dtype=torch.float64) / math.sqrt(channels * k)
-        h = F.pad(h, ((k - 1) * dilation, 0))                   # the past only: nothing from the right
+        w = torch.randn(channels, channels, k, generator=g,
+                        dtype=torch.float64) / math.sqrt(channels * k)
+        # the past only: nothing from the right
+        h = F.pad(h, ((k - 1) * dilation, 0))
         h = torch.tanh(F.conv1d(h, w, dilation=dilation))
-    (grad,) = torch.autograd.grad(h[0, :, n - 1].sum(), x)      # the last output, every channel
-    return grad[0, :, 0].abs().sum().item()                     # its dependence on input 1
+    # the last output, every channel
+    (grad,) = torch.autograd.grad(h[0, :, n - 1].sum(), x)
+    return grad[0, :, 0].abs().sum().item()    # its dependence on input 1
 
 
-@cli_table("Part 3 · Method 2: real Conv1d stacks (k = 3), n = 27, |d out_27 / d x_1|")
-def conv_stack_table(n: int = 27, k: int = 3, seed: int = 0) -> pd.DataFrame:
-    """The gradient one layer short of the depth the link tables predict, and at that depth.
+@tx.cli_table("Part 3 · Method 2: real Conv1d stacks (k = 3), n = 27, "
+              "|d out_27 / d x_1|")
+def conv_stack_table(n: int = 27, k: int = 3,
+                     seed: int = 0) -> pd.DataFrame:
+    """The gradient one layer short of the depth the link tables predict,
+    and at that depth.
 
-    Rows are named by role ("contiguous short", "contiguous enough", …), so that their keys
-    do not change when n or k does; the column `layers` holds the depth."""
-    contiguous, dilated = contiguous_layers(n - 1, k), dilated_layers(n, k)
+    Rows are named by role ("contiguous short", "contiguous enough", …),
+    so that their keys do not change when n or k does; the column `layers`
+    holds the depth."""
+    contiguous = contiguous_layers(n - 1, k)
+    dilated = dilated_layers(n, k)
     rows = {}
-    for stack, needed, is_dilated in [("contiguous", contiguous, False), ("dilated", dilated, True)]:
+    for stack, needed, is_dilated in [("contiguous", contiguous, False),
+                                      ("dilated", dilated, True)]:
         for role, layers in [("short", needed - 1), ("enough", needed)]:
-            gradient = conv_stack_gradient(n, layers, is_dilated, k, seed=seed) if layers else 0.0
-            rows[f"{stack} {role}"] = {"layers": layers, "gradient": gradient, "connected": gradient != 0.0}
+            gradient = (conv_stack_gradient(n, layers, is_dilated, k,
+                                            seed=seed) if layers else 0.0)
+            rows[f"{stack} {role}"] = {"layers": layers,
+                                       "gradient": gradient,
+                                       "connected": gradient != 0.0}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "stack"
     return table
 
 
-def layers_to_cover(context: int, k: int = 3, doubling: bool = False) -> int:
+def reach(layers: int, k: int = 3, doubling: bool = False) -> int:
+    """Positions that L stacked one-sided kernels of width k reach:
+    1 + (k-1)·(sum of dilations).
+
+    Contiguous taps have dilations 1, 1, …, 1; doubling gaps 1, 2, 4, …,
+    2^(L-1). A causal attention window of w keys is a kernel of width
+    k = w."""
+    tx.check_positive(layers=layers, k=k)
+    # 1 + 2 + … + 2^(L-1), or L ones
+    dilation_sum = 2 ** layers - 1 if doubling else layers
+    return 1 + (k - 1) * dilation_sum
+
+
+def reach_after(dilations: Iterable[int], k: int = 3) -> list[int]:
+    """Positions that input 1 reaches after each layer of a stack (as
+    many as the last output reads), followed with `follow`: kernels of
+    width k, one dilation per layer."""
+    dilations = [int(dl) for dl in dilations]
+    tx.check_positive(k=k, **{f"dilation {i + 1}": dl
+                              for i, dl in enumerate(dilations)})
+    # room for the whole reach
+    seen = torch.zeros(1 + (k - 1) * sum(dilations), dtype=torch.bool)
+    seen[0] = True                                  # input 1
+    counts = []
+    for dl in dilations:
+        # output i reads i, i - dl, i - 2 dl, …
+        seen = follow(seen, [-tap * dl for tap in range(k)])
+        counts.append(int(seen.sum()))
+    return counts
+
+
+def layers_to_cover(context: int, k: int = 3,
+                    doubling: bool = False) -> int:
     """The fewest layers whose reach covers `context` positions."""
-    check_positive(context=context, k=k)
+    tx.check_positive(context=context, k=k)
     if k < 2 and context > 1:
-        raise ValueError(f"k must be at least 2 to reach another position, got {k}")
+        raise ValueError(
+            f"k must be at least 2 to reach another position, got {k}")
     layers = 1
     while reach(layers, k, doubling) < context:
         layers += 1
     return layers
+
+
+def attention_maps(model, tokenizer,
+                   text: str) -> tuple[list[str], torch.Tensor]:
+    """The word-pieces of `text` and the model's attention weights,
+    (layers, heads, n, n).
+
+    Row i of a map holds the weights that query i puts on each key: they
+    sum to 1.
+    """
+    encoded = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**encoded, output_attentions=True)
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    return tokens, torch.stack(out.attentions)[:, 0]   # drop the batch of 1
+
+
+def fixed_weights(n: int, position: int, k: int = 3) -> torch.Tensor:
+    """The weights a centred kernel of width k puts on n positions around
+    `position`: 1/k each."""
+    tx.check_positive(n=n, k=k)
+    if not 0 <= position < n:
+        raise ValueError(f"position must be in 0 … {n - 1}, got {position}")
+    # the k taps that exist
+    weights = window_links(n, centred_offsets(k))[position].double()
+    return weights / k                         # the same weight each
+
+
+def sinusoid_positions(n: int, d: int) -> torch.Tensor:
+    """The Transformer's position vectors: sin and cos of
+    position / 10000^(2i/d)."""
+    tx.check_positive(n=n, d=d)
+    if d % 2:
+        raise ValueError(f"d must be even (sin and cos pairs), got {d}")
+    position = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    # one frequency for each pair of numbers, from 1 down to 1/10000
+    frequency = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    table = torch.zeros(n, d)
+    table[:, 0::2] = torch.sin(position * frequency)   # even numbers: sine
+    table[:, 1::2] = torch.cos(position * frequency)   # odd numbers: cosine
+    return table
+
+
+def order_test(n: int = 8, d: int = 16, seed: int = 0,
+               positions: bool = False, causal: bool = False) -> float:
+    """Shuffle the rows of x: do the outputs of one self-attention layer
+    shuffle the same way?
+
+    Returns max |layer(x[perm]) - layer(x)[perm]|: rounding only, when
+    attention cannot see order. With `positions`, the Transformer's
+    position vectors are added to x first; with `causal`, query i reads
+    only keys 0 … i, as in a decoder."""
+    tx.check_positive(n=n, d=d)
+    # one layer with random weights
+    Wq, Wk, Wv = tx.random_weights(3, d, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(n, d, generator=g)            # n rows of d numbers
+    perm = torch.randperm(n, generator=g)         # a shuffle of the rows
+    # slot i gets the vector of position i, or nothing
+    add = sinusoid_positions(n, d) if positions else torch.zeros(n, d)
+    # slot i reads slots 0 … i, or every slot
+    mask = tx.causal_mask(n) if causal else None
+
+    def attend(h):                   # the layer: projections, then the core
+        return tx.attention_core(h @ Wq, h @ Wk, h @ Wv, mask)
+
+    # shuffle first, or last
+    gap = attend(x[perm] + add) - attend(x + add)[perm]
+    return gap.abs().max().item()
+
+# ── end of the cells saved from notebooks/03_paths.md ──
 
 
 def load_encoder(name_or_dir: str | Path | None = None):
@@ -1277,40 +1387,6 @@ def load_encoder(name_or_dir: str | Path | None = None):
     return model.eval()
 
 
-def attention_maps(model, tokenizer, text: str) -> tuple[list[str], torch.Tensor]:
-    """The word-pieces of `text` and the model's attention weights, (layers, heads, n, n).
-
-    Row i of a map holds the weights that query i puts on each key: they sum to 1.
-    """
-    encoded = tokenizer(text, return_tensors="pt")
-    with torch.no_grad():
-        out = model(**encoded, output_attentions=True)
-    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
-    return tokens, torch.stack(out.attentions)[:, 0]          # drop the batch of one
-
-
-def fixed_weights(n: int, position: int, k: int = 3) -> torch.Tensor:
-    """The weights a centred kernel of width k puts on n positions around `position`: 1/k each."""
-    check_positive(n=n, k=k)
-    if not 0 <= position < n:
-        raise ValueError(f"position must be in 0 … {n - 1}, got {position}")
-    weights = window_links(n, centred_offsets(k))[position].double()   # the k taps that exist
-    return weights / k                                                  # the same weight each
-
-
-def sinusoid_positions(n: int, d: int) -> torch.Tensor:
-    """The Transformer's position vectors: sin and cos of position / 10000^(2i/d)."""
-    check_positive(n=n, d=d)
-    if d % 2:
-        raise ValueError(f"d must be even (sin and cos pairs), got {d}")
-    position = torch.arange(n, dtype=torch.float32).unsqueeze(1)
-    frequency = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
-    table = torch.zeros(n, d)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency)
-    return table
-
-
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 4 · 04_gradients
@@ -1320,206 +1396,291 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
 # ── saved from notebooks/04_gradients.md by `make sync` (cells marked #@save): edit them there ──
 
 def chain_gradient(keep: float, steps: int) -> float:
-    """Method 2: autograd through h_t = keep · h_(t-1) + x_t. Returns ∂h_last / ∂x_first."""
+    """Method 2: autograd through h_t = keep · h_(t-1) + x_t.
+    Returns ∂h_last / ∂x_first."""
     tx.check_rate(low_open=True, keep=keep)
     tx.check_positive(steps=steps)
-    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)   # inputs x_0 … x_steps
-    h = tx.scan_loop(torch.full_like(x, keep), x)       # h_t = keep · h_(t-1) + x_t, in order
-    (grad,) = torch.autograd.grad(h[-1], x)             # how the last memory moves with each input
-    return grad[0].item()                               # … with the first one, `steps` steps back
+    # inputs x_0 … x_steps
+    x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)
+    # h_t = keep · h_(t-1) + x_t, in order
+    h = tx.scan_loop(torch.full_like(x, keep), x)
+    # how the last memory moves with each input …
+    (grad,) = torch.autograd.grad(h[-1], x)
+    return grad[0].item()      # … with the first one, `steps` steps back
+
+
+@tx.cli_table("Part 4 · what a step that keeps 0.98 leaves of a signal: "
+              "the power and autograd")
+def survival_table(keep: float = 0.98,
+                   steps: Iterable[int] = (1, 10, 100, 511, 1000)
+                   ) -> pd.DataFrame:
+    """keep ** steps against the gradient of a real chain of that many
+    steps."""
+    rows = {s: {"keep ** steps": tx.weight_left(keep, s),
+                "autograd": chain_gradient(keep, s)} for s in steps}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "steps"
+    table["relative difference"] = (
+        table["autograd"] / table["keep ** steps"] - 1).abs()
+    return table
 
 
 def linear_chain(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """A recurrence with nothing to squash it: h_t = h_(t-1) U + x_t. Returns h_n."""
-    h = torch.zeros_like(x[0])          # the memory before the first position
-    for x_t in x:                       # one step after another
-        h = h @ U + x_t                 # the memory passes through U, then the input joins it
+    """A recurrence with nothing to squash it: h_t = h_(t-1) U + x_t.
+    Returns h_n."""
+    h = torch.zeros_like(x[0])      # the memory before the first position
+    for x_t in x:                   # one step after another
+        # the memory passes through U, then the input joins it
+        h = h @ U + x_t
     return h
 
 
 def jacobian_norms(fn, x: torch.Tensor) -> torch.Tensor:
-    """|∂ fn(x) / ∂x_i| for every position i of x, (n, d): how strongly the output feels each input.
+    """|∂ fn(x) / ∂x_i| for every position i of x, (n, d): how strongly
+    the output feels each input.
 
-    fn maps x to one output vector. The Jacobian block of position i holds the derivative of every
-    output number by every number of x_i; its size is the Frobenius norm of that block.
+    fn maps x to one output vector. The Jacobian block of position i holds
+    the derivative of every output number by every number of x_i; its size
+    is the Frobenius norm of that block.
     """
     if x.dim() != 2:
-        raise ValueError(f"x must be an (n, d) tensor, got shape {tuple(x.shape)}")
-    jacobian = torch.func.jacrev(fn)(x)              # (outputs, n, d): autograd, every output at once
-    return jacobian.pow(2).sum(dim=(0, 2)).sqrt()    # square, add over the outputs and x_i's numbers
+        raise ValueError(
+            f"x must be an (n, d) tensor, got shape {tuple(x.shape)}")
+    # (outputs, n, d): autograd, every output at once
+    jacobian = torch.func.jacrev(fn)(x)
+    # square, add over the outputs and x_i's numbers, take the root
+    return jacobian.pow(2).sum(dim=(0, 2)).sqrt()
 
 
-def lstm_steps(lstm: torch.nn.LSTM, x: torch.Tensor, cell_path_only: bool = False):
-    """nn.LSTM's recurrence, one step after another, with its weights. Returns h_n and the (n, hidden)
-    forget gates. cell_path_only detaches h_(t-1) where it enters the gates: a gradient can then
-    reach an earlier step only along the cell, c_t = f_t ⊙ c_(t-1) + i_t ⊙ g_t."""
-    bias = lstm.bias_ih_l0 + lstm.bias_hh_l0                 # PyTorch adds its two bias vectors
-    h = c = x.new_zeros(lstm.hidden_size)                    # memory and cell before the first step
-    forget = []
-    for x_t in x:                                            # one step after another
-        h_in = h.detach() if cell_path_only else h           # cut the paths through h_(t-1), or not
-        z = x_t @ lstm.weight_ih_l0.T + h_in @ lstm.weight_hh_l0.T + bias   # the four gates' inputs
-        i, f, g, o = z.chunk(4)                              # PyTorch's order: input, forget, cell, output
-        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()   # gates in (0, 1), g in (−1, 1)
-        c = f * c + i * g                                    # keep a share of the cell, add the new part
-        h = o * c.tanh()                                     # the memory: a gated read of the cell
-        forget.append(f)
-    return h, torch.stack(forget)
+def gradient_by_distance(n: int = 50, d: int = 64,
+                         seeds: int = 20) -> pd.DataFrame:
+    """|d out_n / d x_i| for a tanh RNN and one self-attention layer, mean
+    over random networks.
 
-# ── end of the cells saved from notebooks/04_gradients.md ──
-
-
-def gradient_by_distance(n: int = 50, d: int = 64, seeds: int = 20) -> pd.DataFrame:
-    """|d out_n / d x_i| for a tanh RNN and one self-attention layer, mean over random networks.
-
-    Network s draws its weights (scaled 1/√d) from seed s and its inputs from seed 10,000 + s;
-    `jacobian_norms` measures each. One thread: two runs give the same numbers.
+    Network s draws its weights (scaled 1/√d) from seed s and its inputs
+    from seed 10,000 + s; `jacobian_norms` measures each. One thread: two
+    runs give the same numbers.
     """
-    check_positive(n=n, d=d, seeds=seeds)
+    tx.check_positive(n=n, d=d, seeds=seeds)
     norms = {"RNN": torch.zeros(n, dtype=torch.float64),
              "self-attention": torch.zeros(n, dtype=torch.float64)}
     for seed in range(seeds):
-        Wq, Wk, Wv, W, U = random_weights(5, d, seed)
-        x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
-        norms["RNN"] += jacobian_norms(lambda x: recurrent_layer(x, W, U), x).double() / seeds
-        norms["self-attention"] += jacobian_norms(
-            lambda x: self_attention_layer(x, Wq, Wk, Wv)[-1], x).double() / seeds   # output row n
-    table = pd.DataFrame({name: values.numpy() for name, values in norms.items()})
-    table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
+        Wq, Wk, Wv, W, U = tx.random_weights(5, d, seed)
+        g = torch.Generator().manual_seed(10_000 + seed)
+        x = torch.randn(n, d, generator=g)
+        rnn = jacobian_norms(lambda x: tx.recurrent_layer(x, W, U), x)
+        attention = jacobian_norms(                         # output row n
+            lambda x: tx.self_attention_layer(x, Wq, Wk, Wv)[-1], x)
+        norms["RNN"] += rnn.double() / seeds
+        norms["self-attention"] += attention.double() / seeds
+    table = pd.DataFrame({name: values.numpy()
+                          for name, values in norms.items()})
+    # input i is n - i positions back
+    table.index = pd.Index(range(n - 1, -1, -1), name="distance")
     table.insert(0, "input i", range(1, n + 1))
     return table.sort_index()
 
 
-@cli_table("Part 4 · |d out_50 / d x_i| against distance (random weights, d = 64, n = 50), mean of 20")
+@tx.cli_table("Part 4 · |d out_50 / d x_i| against distance (random "
+              "weights, d = 64, n = 50), mean of 20")
 def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
-                   rows: Iterable[int] = (49, 40, 30, 20, 10, 5, 1, 0)) -> pd.DataFrame:
-    """A few rows of gradient_by_distance, as the seed article prints them."""
+                   rows: Iterable[int] = (49, 40, 30, 20, 10, 5, 1, 0)
+                   ) -> pd.DataFrame:
+    """A few rows of gradient_by_distance, the rows the companion
+    article prints."""
     return gradient_by_distance(n, d, seeds).loc[list(rows)]
 
 
-def seeded_lstm(d: int, seed: int, forget_bias: float | None = None) -> torch.nn.LSTM:
-    """A one-layer torch.nn.LSTM of width d, with PyTorch's random initialisation drawn from `seed`.
-
-    PyTorch draws every weight and both bias vectors, b_ih and b_hh, uniformly in ±1/√d (d, the
-    hidden size) and adds the two biases. A number `forget_bias` sets the forget gate's slice of
-    b_ih to it and that of b_hh to 0, so that the gate's bias is exactly forget_bias; None keeps
-    PyTorch's draw (a sum of two, near 0).
-    """
-    check_positive(d=d)
-    torch.manual_seed(seed)
-    lstm = torch.nn.LSTM(d, d)
-    if forget_bias is not None:
-        with torch.no_grad():                                   # PyTorch's gate order: i, f, g, o
-            lstm.bias_ih_l0[d:2 * d] = forget_bias
-            lstm.bias_hh_l0[d:2 * d] = 0.0
-    return lstm
-
-
-def lstm_inputs(n: int, d: int, seed: int) -> torch.Tensor:
-    """The (n, d) inputs of network `seed`, standard normal, drawn from seed 10,000 + seed."""
-    return torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
-
-
-def _lstm_column(bias: float | None, cell_path_only: bool = False) -> str:
-    """The column name of one forget-gate setting."""
-    name = "PyTorch default" if bias is None else f"forget bias {bias:g}"
-    return f"{name}, cell path only" if cell_path_only else name
-
-
-def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
-                     forget_biases: Iterable[float | None] = (None, 1.0, 3.0),
-                     cell_path_only: bool = False) -> pd.DataFrame:
-    """|d out_n / d x_i| for a real nn.LSTM (random weights), mean over seeds, one column per
-    forget-gate bias (see seeded_lstm: None is PyTorch's own initialisation).
-
-    The output is the last hidden state h_n; network s draws its weights from seed s and its inputs
-    from seed 10,000 + s, as gradient_by_distance does. The network runs through lstm_steps, its
-    recurrence written out (the same h_n as the fused module, and the same gradients: the tests
-    check both; jacrev through the fused module was several times slower on the CPUs tried). cell_path_only
-    detaches h_(t-1) where it enters the gates: only the path along the cell is left.
-    """
-    check_positive(n=n, d=d, seeds=seeds)
-    columns = {}
-    for bias in forget_biases:
-        total = torch.zeros(n, dtype=torch.float64)
-        for seed in range(seeds):
-            lstm, x = seeded_lstm(d, seed, bias), lstm_inputs(n, d, seed)
-            last = lambda x: lstm_steps(lstm, x, cell_path_only)[0]   # noqa: E731  (h_n)
-            total += jacobian_norms(last, x).detach().double() / seeds
-        columns[_lstm_column(bias, cell_path_only)] = total.numpy()
-    table = pd.DataFrame(columns)
-    table.index = pd.Index(range(n - 1, -1, -1), name="distance")   # input i is n - i positions back
-    return table.sort_index()
-
-
-def lstm_forget_gates(n: int = 50, d: int = 64, seeds: int = 3,
-                      forget_biases: Iterable[float | None] = (None, 1.0, 3.0)) -> pd.Series:
-    """The mean forget gate f_t of the networks lstm_by_distance measures, over every step, unit
-    and network, one value per forget-gate bias."""
-    check_positive(n=n, d=d, seeds=seeds)
-    means = {}
-    for bias in forget_biases:
-        with torch.no_grad():
-            gates = [lstm_steps(seeded_lstm(d, seed, bias), lstm_inputs(n, d, seed))[1].mean().item()
-                     for seed in range(seeds)]
-        means[_lstm_column(bias)] = sum(gates) / seeds
-    return pd.Series(means, name="mean forget gate")
-
-
 def orders_of_magnitude(values: Iterable[float]) -> float:
-    """log10 of the largest value over the smallest: how many powers of ten the values span."""
+    """log10 of the largest value over the smallest: how many powers of
+    ten the values span."""
     values = torch.as_tensor(list(values), dtype=torch.float64)
     if values.numel() == 0 or not bool((values > 0).all()):
         raise ValueError("values must be positive numbers, at least one")
     return math.log10(values.max().item() / values.min().item())
 
 
-def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
-    """Least-squares slope of log10(y) against x: powers of ten gained per unit of x."""
-    x = torch.as_tensor(list(x), dtype=torch.float64)
-    y = torch.as_tensor(list(y), dtype=torch.float64)
-    if x.numel() < 2 or x.shape != y.shape or not bool((y > 0).all()):
-        raise ValueError("x and y must be two equal lists of at least two points, y positive")
-    dx, dy = x - x.mean(), y.log10() - y.log10().mean()
-    return ((dx * dy).sum() / dx.pow(2).sum()).item()       # covariance over variance
+def lstm_steps(lstm: torch.nn.LSTM, x: torch.Tensor,
+               cell_path_only: bool = False):
+    """nn.LSTM's recurrence, one step after another, with its weights.
+    Returns h_n and the (n, hidden) forget gates. cell_path_only detaches
+    h_(t-1) where it enters the gates: a gradient can then reach an
+    earlier step only along the cell, c_t = f_t ⊙ c_(t-1) + i_t ⊙ g_t."""
+    # PyTorch adds its two bias vectors
+    bias = lstm.bias_ih_l0 + lstm.bias_hh_l0
+    # memory and cell before the first step
+    h = c = x.new_zeros(lstm.hidden_size)
+    forget = []
+    for x_t in x:                               # one step after another
+        # cut the paths through h_(t-1), or not
+        h_in = h.detach() if cell_path_only else h
+        # the pre-activations of the three gates and the candidate cell
+        z = (x_t @ lstm.weight_ih_l0.T + h_in @ lstm.weight_hh_l0.T
+             + bias)
+        # PyTorch's order: input gate, forget gate, candidate, output gate
+        i, f, g, o = z.chunk(4)
+        i, f, o = i.sigmoid(), f.sigmoid(), o.sigmoid()   # gates: (0, 1)
+        g = g.tanh()                         # the candidate cell: (−1, 1)
+        c = f * c + i * g      # keep a share of the cell, add the new part
+        h = o * c.tanh()       # the memory: a gated read of the cell
+        forget.append(f)
+    return h, torch.stack(forget)
 
 
-@cli_table("Part 4 · what a step that keeps 0.98 leaves of a signal: the power and autograd")
-def survival_table(keep: float = 0.98, steps: Iterable[int] = (1, 10, 100, 511, 1000)) -> pd.DataFrame:
-    """keep ** steps against the gradient of a real chain of that many steps."""
-    rows = {s: {"keep ** steps": weight_left(keep, s), "autograd": chain_gradient(keep, s)} for s in steps}
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "steps"
-    table["relative difference"] = (table["autograd"] / table["keep ** steps"] - 1).abs()
-    return table
+def seeded_lstm(d: int, seed: int,
+                forget_bias: float | None = None) -> torch.nn.LSTM:
+    """A one-layer torch.nn.LSTM of width d, with PyTorch's random
+    initialisation drawn from `seed`.
 
-
-def encoder_gradients(model, tokenizer, text: str, probes: int = 32, seed: int = 0) -> pd.DataFrame:
-    """|d out_last / d x_i| in the real encoder, for every word-piece i of `text`.
-
-    out_last is the encoder's final vector at the last word-piece before [SEP]; x_i is the
-    word-piece vector that enters the model at position i (the model adds its position).
-    The Frobenius norm of each Jacobian block is estimated from `probes` random directions v with
-    independent standard-normal entries (E[v vᵀ] = I), for which the expected |vᵀ J_i|² is |J_i|²
-    (seeded, so two runs agree). The full Jacobian would take one backward pass per output number.
+    PyTorch draws every weight and both bias vectors, b_ih and b_hh,
+    uniformly in ±1/√d (d, the hidden size) and adds the two biases. A
+    number `forget_bias` sets the forget gate's slice of b_ih to it and
+    that of b_hh to 0, so that the gate's bias is exactly forget_bias;
+    None keeps PyTorch's draw (a sum of two, near 0).
     """
-    check_positive(probes=probes)
+    tx.check_positive(d=d)
+    torch.manual_seed(seed)
+    lstm = torch.nn.LSTM(d, d)
+    if forget_bias is not None:
+        with torch.no_grad():           # PyTorch's order: i, f, g, o
+            lstm.bias_ih_l0[d:2 * d] = forget_bias
+            lstm.bias_hh_l0[d:2 * d] = 0.0
+    return lstm
+
+
+def lstm_inputs(n: int, d: int, seed: int) -> torch.Tensor:
+    """The (n, d) inputs of network `seed`, standard normal, drawn from
+    seed 10,000 + seed."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    return torch.randn(n, d, generator=g)
+
+
+def lstm_column(bias: float | None, cell_path_only: bool = False) -> str:
+    """The column name of one forget-gate setting."""
+    name = "PyTorch default" if bias is None else f"forget bias {bias:g}"
+    return f"{name}, cell path only" if cell_path_only else name
+
+
+def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
+                     forget_biases: Iterable[float | None] = (None, 1.0,
+                                                              3.0),
+                     cell_path_only: bool = False) -> pd.DataFrame:
+    """|d out_n / d x_i| for a real nn.LSTM (random weights), mean over
+    seeds, one column per forget-gate bias (see seeded_lstm: None is
+    PyTorch's own initialisation).
+
+    The output is the last hidden state h_n; network s draws its weights
+    from seed s and its inputs from seed 10,000 + s, as
+    gradient_by_distance does. The network runs through lstm_steps, its
+    recurrence written out (the same h_n as the fused module, and the same
+    gradients: the page and the tests check both; jacrev through the
+    fused module was several times slower on the CPUs tried).
+    cell_path_only detaches h_(t-1) where it enters the gates: only the
+    path along the cell is left.
+    """
+    tx.check_positive(n=n, d=d, seeds=seeds)
+    columns = {}
+    for bias in forget_biases:
+        total = torch.zeros(n, dtype=torch.float64)
+        for seed in range(seeds):
+            lstm, x = seeded_lstm(d, seed, bias), lstm_inputs(n, d, seed)
+
+            def last(x):                                   # h_n
+                return lstm_steps(lstm, x, cell_path_only)[0]
+
+            total += jacobian_norms(last, x).detach().double() / seeds
+        columns[lstm_column(bias, cell_path_only)] = total.numpy()
+    table = pd.DataFrame(columns)
+    # input i is n - i positions back
+    table.index = pd.Index(range(n - 1, -1, -1), name="distance")
+    return table.sort_index()
+
+
+def lstm_forget_gates(n: int = 50, d: int = 64, seeds: int = 3,
+                      forget_biases: Iterable[float | None] = (None, 1.0,
+                                                               3.0)
+                      ) -> pd.Series:
+    """The mean forget gate f_t of the networks lstm_by_distance
+    measures, over every step, unit and network, one value per
+    forget-gate bias."""
+    tx.check_positive(n=n, d=d, seeds=seeds)
+    means = {}
+    for bias in forget_biases:
+        gates = []
+        for seed in range(seeds):
+            lstm, x = seeded_lstm(d, seed, bias), lstm_inputs(n, d, seed)
+            with torch.no_grad():
+                gates.append(lstm_steps(lstm, x)[1].mean().item())
+        means[lstm_column(bias)] = sum(gates) / seeds
+    return pd.Series(means, name="mean forget gate")
+
+
+def rnn_at_torch_init(n: int = 50, d: int = 64,
+                      seeds: int = 3) -> pd.Series:
+    """|d h_n / d x_i| of the tanh RNN initialised as torch.nn.RNN does
+    (every weight uniform in ±1/√d, no bias), mean over seeds, with the
+    inputs of lstm_by_distance: the LSTM's scale of weights."""
+    tx.check_positive(n=n, d=d, seeds=seeds)
+    total = torch.zeros(n, dtype=torch.float64)
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        rnn = torch.nn.RNN(d, d, bias=False)
+        # h_t = tanh(x_t W_ih^T + h_(t-1) W_hh^T), as recurrent_layer
+        W, U = rnn.weight_ih_l0.detach().T, rnn.weight_hh_l0.detach().T
+        x = lstm_inputs(n, d, seed)
+        last = jacobian_norms(lambda x: tx.recurrent_layer(x, W, U), x)
+        total += last.double() / seeds
+    # row k: the input k positions back
+    return pd.Series(total.flip(0).numpy(), name="tanh RNN, PyTorch init")
+
+
+def encoder_gradients(model, tokenizer, text: str, probes: int = 32,
+                      seed: int = 0) -> pd.DataFrame:
+    """|d out_last / d x_i| in the real encoder, for every word-piece i.
+
+    out_last is the encoder's final vector at the last word-piece before
+    [SEP]; x_i is the word-piece vector that enters the model at position
+    i (the model adds its position). The Frobenius norm of each Jacobian
+    block is estimated from `probes` random directions v with independent
+    standard-normal entries (E[v vᵀ] = I), for which the expected
+    |vᵀ J_i|² is |J_i|² (seeded, so two runs agree).
+    """
+    tx.check_positive(probes=probes)
     encoded = tokenizer(text, return_tensors="pt")
     ids = encoded["input_ids"]
+    # the word-piece vectors, before the model adds positions
     x = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-    out = model(inputs_embeds=x, attention_mask=encoded["attention_mask"]).last_hidden_state[0]
-    last = ids.shape[1] - 2                                   # the position just before [SEP]
+    out = model(inputs_embeds=x, attention_mask=encoded["attention_mask"])
+    out = out.last_hidden_state[0]
+    last = ids.shape[1] - 2                 # the position just before [SEP]
     g = torch.Generator().manual_seed(seed)
     squares = torch.zeros(ids.shape[1], dtype=torch.float64)
-    for _ in range(probes):
+    for _ in range(probes):                 # one backward pass a direction
         v = torch.randn(out.shape[1], generator=g)
         (grad,) = torch.autograd.grad(out[last] @ v, x, retain_graph=True)
+        # |vᵀ J_i|² for every position i, averaged over the directions
         squares += grad[0].double().pow(2).sum(dim=-1) / probes
     tokens = tokenizer.convert_ids_to_tokens(ids[0])
-    table = pd.DataFrame({"token": tokens, "distance": [last - i for i in range(len(tokens))],
+    distances = [last - i for i in range(len(tokens))]
+    table = pd.DataFrame({"token": tokens, "distance": distances,
                           "gradient": squares.sqrt().numpy()})
     table.index.name = "position"
     return table
+
+
+def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
+    """Least-squares slope of log10(y) against x: powers of ten gained per
+    unit of x."""
+    x = torch.as_tensor(list(x), dtype=torch.float64)
+    y = torch.as_tensor(list(y), dtype=torch.float64)
+    if x.numel() < 2 or x.shape != y.shape or not bool((y > 0).all()):
+        raise ValueError("x and y must be two equal lists of at least two "
+                         "points, y positive")
+    dx, dy = x - x.mean(), y.log10() - y.log10().mean()
+    # the covariance over the variance
+    return ((dx * dy).sum() / dx.pow(2).sum()).item()
+
+# ── end of the cells saved from notebooks/04_gradients.md ──
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════

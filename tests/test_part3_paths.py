@@ -253,3 +253,8 @@ def test_shortest_route_follows_links_and_is_shortest(n, kind):
     if layers > 1:
         with pytest.raises(ValueError, match="layers must"):
             tx.shortest_route(n, offsets, layers - 1)
+
+
+def test_part3_tables_reach_the_command_line():
+    makers = {make.__name__ for title, make in tx.TABLES if title.startswith("Part 3")}
+    assert makers == {"path_table", "conv_layers_table", "conv_stack_table"}

@@ -223,3 +223,31 @@ def test_lstm_by_distance_cell_path_and_forget_gates():
     assert 0.3 < gates["PyTorch default"] < 0.7 and gates["forget bias 50"] > 0.999999
     with pytest.raises(ValueError, match="seeds"):
         tx.lstm_forget_gates(seeds=0)
+
+
+def test_rnn_at_torch_init_is_nn_rnn_measured_by_backward_passes():
+    """The tanh RNN at the LSTM's scale: the fused torch.nn.RNN, one backward pass per output."""
+    n, d, seeds = 7, 5, 2
+    column = tx.rnn_at_torch_init(n, d, seeds)
+    mean = torch.zeros(n, dtype=torch.float64)
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        rnn = torch.nn.RNN(d, d, bias=False, nonlinearity="tanh")
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(10_000 + seed))
+        W, U = rnn.weight_ih_l0.detach().T, rnn.weight_hh_l0.detach().T
+        assert torch.allclose(tx.recurrent_layer(x, W, U), rnn(x)[0][-1], atol=1e-6)
+        mean += norms_by_backward_loop(lambda x: rnn(x)[0][-1], x) / seeds
+    assert torch.allclose(torch.tensor(column.values[::-1].copy()), mean, rtol=1e-5)
+    with pytest.raises(ValueError, match="seeds"):
+        tx.rnn_at_torch_init(seeds=0)
+
+
+def test_lstm_column_names():
+    assert tx.lstm_column(None) == "PyTorch default"
+    assert tx.lstm_column(1.0) == "forget bias 1"
+    assert tx.lstm_column(3.0, cell_path_only=True) == "forget bias 3, cell path only"
+
+
+def test_part4_tables_reach_the_command_line():
+    titles = [title for title, _ in tx.TABLES if title.startswith("Part 4")]
+    assert len(titles) == 2 and any("survival" in title or "0.98" in title for title in titles)
