@@ -2795,23 +2795,27 @@ def jamba_cache_table() -> pd.DataFrame:
 
 
 def check_steps(a: torch.Tensor, b: torch.Tensor) -> None:
-    """The rates a and inputs b of a scan: tensors of one shape, steps along the last dimension."""
-    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape
-            or a.dim() < 1 or a.shape[-1] < 1):
-        raise ValueError(f"a and b must be tensors of one shape with a last dimension ≥ 1, got "
-                         f"{getattr(a, 'shape', a)!r} and {getattr(b, 'shape', b)!r}")
+    """The rates a and inputs b of a scan: tensors of one shape, steps
+    along the last dimension."""
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
+            or a.shape != b.shape or a.dim() < 1 or a.shape[-1] < 1):
+        raise ValueError(
+            f"a and b must be tensors of one shape with a last dimension "
+            f"≥ 1, got {getattr(a, 'shape', a)!r} and "
+            f"{getattr(b, 'shape', b)!r}")
 
 
 def check_log_rates(a: torch.Tensor) -> None:
     """Rates that a formula in logarithms can take: every a in (0, 1]."""
     if not bool(((a > 0) & (a <= 1)).all()):
-        raise ValueError("a must lie in (0, 1] for a formula in logarithms: a rate of forgetting")
+        raise ValueError("a must lie in (0, 1] for a formula in "
+                         "logarithms: a rate of forgetting")
 
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """Hide transformers' notes that Mamba runs its slow reference path on CPU: expected here
-    (Parts 7 and 8 build real models from configs)."""
+    """Hide transformers' notes that Mamba runs its slow reference path on
+    CPU, expected here (Parts 7 and 8 build real models from configs)."""
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.get_verbosity()
@@ -2820,7 +2824,6 @@ def _quiet_transformers():
         yield
     finally:
         hf_logging.set_verbosity(before)
-
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
