@@ -2512,136 +2512,74 @@ def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
 # ── saved from notebooks/07_state_space_hybrids.md by `make sync` (cells marked #@save): edit them there ──
 
 def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after another, from h_0 = 0.
-
-    a holds the share each step keeps, b what each step adds; returns h after every step."""
+    """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after
+    another, from h_0 = 0. a holds the share each step keeps, b what each
+    step adds; returns h after every step."""
     tx.check_steps(a, b)
     h, out = torch.zeros_like(b[..., 0]), []
-    for t in range(b.shape[-1]):          # step t needs step t - 1: n links in a chain
-        h = a[..., t] * h + b[..., t]      # keep a share of what is held, add what is new
+    for t in range(b.shape[-1]):       # step t needs step t - 1: a chain
+        h = a[..., t] * h + b[..., t]  # keep a share, add what is new
         out.append(h)
     return torch.stack(out, dim=-1)
 
 
-def combine(first: tuple, then: tuple) -> tuple:
-    """Two steps h ↦ a·h + b joined into one: `first` = (a₁, b₁), then `then` = (a₂, b₂)."""
-    a1, b1 = first
-    a2, b2 = then
-    return a1 * a2, a2 * b1 + b2     # a₂(a₁h + b₁) + b₂ = (a₁a₂)·h + (a₂b₁ + b₂)
-
-
-def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The h_t of scan_loop in ⌈log₂ n⌉ rounds: after round r, position t holds the last 2^r steps
-    up to t joined into one (Hillis and Steele's scan). No position waits for its neighbour."""
-    tx.check_steps(a, b)
-    shift = 1
-    while shift < b.shape[-1]:
-        earlier = (F.pad(a[..., :-shift], (shift, 0), value=1.0),   # the steps `shift` places back;
-                   F.pad(b[..., :-shift], (shift, 0), value=0.0))   # before the start, h ↦ h
-        a, b = combine(earlier, (a, b))                             # every position at once
-        shift *= 2
-    return b                          # h_0 = 0, so the joined step gives h_t = its b
-
-# ── end of the cells saved from notebooks/07_state_space_hybrids.md ──
-
-
-def check_steps(a: torch.Tensor, b: torch.Tensor) -> None:
-    """The rates a and inputs b of a scan: tensors of one shape, steps along the last dimension."""
-    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape
-            or a.dim() < 1 or a.shape[-1] < 1):
-        raise ValueError(f"a and b must be tensors of one shape with a last dimension ≥ 1, got "
-                         f"{getattr(a, 'shape', a)!r} and {getattr(b, 'shape', b)!r}")
-
-
-def running_summary(inputs: Sequence[float], keep: float | Sequence[float]) -> list[float]:
-    """A one-number running summary s_t = keep_t · s_(t-1) + x_t on plain numbers: scan_loop.
-
-    `keep` is one rate for every step, or one rate per step (a rate the content chooses).
-    """
-    rates = [keep] * len(inputs) if isinstance(keep, numbers.Real) else list(keep)
+def running_summary(inputs: Sequence[float], keep) -> list[float]:
+    """scan_loop on plain numbers: s_t = keep_t · s_(t-1) + x_t. `keep` is
+    one rate for every step, or one rate a step (chosen by the content)."""
+    one = not hasattr(keep, "__len__")
+    rates = [keep] * len(inputs) if one else list(keep)
     if len(rates) != len(inputs):
-        raise ValueError(f"keep must be one number or one per input, got {len(rates)} for {len(inputs)}")
-    check_rate(**{f"keep[{i}]": rate for i, rate in enumerate(rates)})
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)   # noqa: E731
-    return scan_loop(as_tensor(rates), as_tensor(inputs)).tolist()
+        raise ValueError(f"keep must be one number or one per input, got "
+                         f"{len(rates)} for {len(inputs)}")
+    tx.check_rate(**{f"keep[{i}]": r for i, r in enumerate(rates)})
+    f64 = {"dtype": torch.float64}
+    a, b = torch.tensor(rates, **f64), torch.tensor(inputs, **f64)
+    return scan_loop(a, b).tolist()
 
 
 def weight_left(keep: float, steps: int) -> float:
-    """What is left of a value after `steps` shrinkings by `keep`: keep ** steps (Method 1)."""
-    check_rate(keep=keep)
-    check_nonnegative(steps=steps)
+    """Method 1: what is left of a value after `steps` shrinkings."""
+    tx.check_rate(keep=keep)
+    tx.check_nonnegative(steps=steps)
     return keep ** steps
 
 
-def weight_of_first(keep: float | Sequence[float], n: int) -> float:
-    """Method 2: feed 1 at the first of n tokens and 0 after it; read the summary after token n."""
-    check_positive(n=n)
+def weight_of_first(keep, n: int) -> float:
+    """Method 2: feed 1 at the first of n tokens and 0 after it, then
+    read the summary after token n."""
+    tx.check_positive(n=n)
     return running_summary([1.0] + [0.0] * (n - 1), keep)[-1]
 
 
-def content_rates(kinds: Sequence[str], keep: float = 0.9, hold: float = 0.999) -> list[float]:
-    """The rate each token chooses from its content: `hold` while filler passes, `keep` otherwise."""
-    check_rate(keep=keep, hold=hold)
+def content_rates(kinds: Sequence[str], keep: float = 0.9,
+                  hold: float = 0.999) -> list[float]:
+    """The rate each token chooses from its content: `hold` while filler
+    passes, `keep` otherwise."""
+    tx.check_rate(keep=keep, hold=hold)
     return [hold if kind == "filler" else keep for kind in kinds]
 
 
-def decode_state_space_flops(model: ExampleModel = ExampleModel()) -> int:
-    """FLOPs a state-space layer spends on one new token, all layers: the same at every length."""
-    numbers_held = model.width * model.state_per_channel   # state numbers of one layer
-    update = numbers_held        # s ← a ⊙ s + u: one multiply-add a state number
-    readout = numbers_held       # y = Σ c ⊙ s: one multiply-add a state number
-    return 2 * (update + readout) * model.layers
+def state_space_step(state: torch.Tensor, a: torch.Tensor,
+                     u: torch.Tensor, c: torch.Tensor):
+    """One decode step of one state-space layer. Every tensor is
+    (width, state); returns the new state and the read-out y."""
+    state = a * state + u              # shrink each number, add the new
+    return state, (c * state).sum(-1)  # read one number out of a channel
 
 
-def mamba_mixer_weights(width: int, expand: int = 2, state: int = 16, conv: int = 4,
-                        dt_rank: int | None = None) -> int:
-    """Weights of one Mamba mixer as transformers builds it (Gu and Dao 2023), for model width d and
-    inner width E·d: the input projection d → 2·E·d (the path and its gate), a short convolution,
-    the projections that make Δ, B and C from the token, A and D, and the output projection."""
-    check_positive(width=width, expand=expand, state=state, conv=conv)
-    inner = expand * width
-    rank = math.ceil(width / 16) if dt_rank is None else dt_rank   # Δ's low rank ("auto" in transformers)
-    return (width * 2 * inner                # in_proj: d → 2·E·d
-            + inner * conv + inner           # conv1d, one window per inner channel, and its bias
-            + inner * (rank + 2 * state)     # x_proj: Δ's rank numbers, B and C
-            + rank * inner + inner           # dt_proj: rank → E·d, and its bias
-            + inner * state + inner          # A (stored as A_log) and D
-            + inner * width)                 # out_proj: E·d → d
+def decode_state_space_flops(
+        model: tx.ExampleModel = tx.ExampleModel()) -> int:
+    """FLOPs all state-space layers spend on one new token: 4·d·N·L,
+    the same at every length."""
+    held = model.width * model.state_per_channel   # d·N numbers a layer
+    update = 2 * held    # s ← a ⊙ s + u: a multiply and an add each
+    readout = 2 * held   # y = Σ c ⊙ s: a multiply and an add each
+    return (update + readout) * model.layers
 
 
-def end_to_end_table(ns: Iterable[int] = (1024, 8192), model: ExampleModel = ExampleModel(),
-                     expand: int = 2, conv: int = 4) -> pd.DataFrame:
-    """FLOPs for one more token with every weight counted (2 a weight a token meets): one attention
-    layer with its four projections against one Mamba mixer with its own, and the example model
-    with each attention layer swapped for a mixer (the feed-forward layers and the vocabulary kept:
-    a hypothetical model, not Mamba's own, which has no feed-forward layers)."""
-    d, layers = model.width, model.layers
-    projections = 4 * d * d                                              # W_Q, W_K, W_V, W_O
-    mixer = mamba_mixer_weights(d, expand, model.state_per_channel, conv)
-    scan = 4 * expand * d * model.state_per_channel                     # update and read-out, 2 FLOPs each
-    rows = {}
-    for n in ns:
-        attention_layer = 2 * projections + decode_attention_flops(n, model) // layers
-        mixer_layer = 2 * mixer + scan
-        rows[n] = {"attention layer": attention_layer, "Mamba mixer": mixer_layer,
-                   "layer ratio": attention_layer / mixer_layer,
-                   "attention model": 2 * model.parameters + decode_attention_flops(n, model),
-                   "attention swapped for mixers": (2 * (model.parameters + layers * (mixer - projections))
-                                                    + layers * scan)}
-        rows[n]["model ratio"] = rows[n]["attention model"] / rows[n]["attention swapped for mixers"]
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "tokens"
-    return table
-
-
-def state_space_step(state: torch.Tensor, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor):
-    """One decode step of one state-space layer: every tensor (width, state); returns (state, y)."""
-    state = a * state + u               # shrink each state number, add the new token's part
-    return state, (c * state).sum(-1)   # read one number out of each channel
-
-
-class _ElementwiseCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    """Count multiplications and additions done elementwise (FlopCounterMode skips them)."""
+class _ElementwiseCounter(TorchDispatchMode):
+    """Count elementwise multiplications and additions (FlopCounterMode
+    skips them): every operation torch runs passes through here."""
 
     def __init__(self):
         super().__init__()
@@ -2651,151 +2589,394 @@ class _ElementwiseCounter(torch.utils._python_dispatch.TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name in ("mul", "add"):
-            self.operations += out.numel()        # one operation for each number it writes
+            self.operations += out.numel()      # one a number written
         elif name == "sum":
-            self.operations += args[0].numel()    # accumulate every number into a zero: one add each
+            self.operations += args[0].numel()  # one add a number read
         return out
 
 
-def count_elementwise(fn: Callable, *args) -> int:
-    """Elementwise multiplications and additions that fn(*args) does (sums count one add a number)."""
+def count_elementwise(fn, *args) -> int:
+    """Elementwise multiplications and additions that fn(*args) does
+    (a sum counts one addition for each number it adds up)."""
     with torch.no_grad(), _ElementwiseCounter() as counter:
         fn(*args)
     return counter.operations
 
 
-def state_memory(model: ExampleModel = ExampleModel(), layers: int | None = None) -> int:
-    """Bytes a state-space model keeps: state_per_channel numbers for each channel, in each layer."""
+def state_memory(model: tx.ExampleModel = tx.ExampleModel(),
+                 layers: int | None = None) -> int:
+    """Bytes a state-space model keeps: N numbers a channel, a layer."""
     layers = model.layers if layers is None else layers
-    check_positive(layers=layers)
-    return layers * model.width * model.state_per_channel * model.bytes_per_number
+    tx.check_positive(layers=layers)
+    numbers = layers * model.width * model.state_per_channel
+    return numbers * model.bytes_per_number
 
 
-def hybrid_memory(n: int, model: ExampleModel = ExampleModel(), attention_layers: int = 3) -> int:
-    """Bytes of a hybrid: `attention_layers` keep every key and value, the rest keep a state."""
-    check_positive(n=n, attention_layers=attention_layers)
+def hybrid_memory(n: int, model: tx.ExampleModel = tx.ExampleModel(),
+                  attention_layers: int = 3) -> int:
+    """Bytes of a hybrid after n tokens: `attention_layers` keep every
+    key and value, the other layers keep a state."""
+    tx.check_positive(n=n, attention_layers=attention_layers)
     if attention_layers > model.layers:
-        raise ValueError(f"attention_layers must be at most {model.layers}, got {attention_layers}")
-    attention = kv_cache_bytes(n, replace(model, layers=attention_layers))   # grows with n
+        raise ValueError(f"attention_layers must be at most "
+                         f"{model.layers}, got {attention_layers}")
+    few = replace(model, layers=attention_layers)
+    attention = tx.kv_cache_bytes(n, few)           # grows with n
     rest = model.layers - attention_layers
-    summaries = state_memory(model, rest) if rest else 0                        # fixed
-    return attention + summaries
+    return attention + (state_memory(model, rest) if rest else 0)
 
 
-@cli_table("Part 7 · the example model at 32,768 tokens: memory of three designs and a hybrid")
-def memory_table(n: int = 32_768, model: ExampleModel = ExampleModel(), window: int = 1024,
-                 attention_layers: int = 3) -> pd.DataFrame:
-    """Bytes (and MiB) that each design keeps for one conversation of n tokens."""
-    rows = {
-        "attention over everything": kv_cache_bytes(n, model),
-        f"window of {window:,}": kv_cache_bytes(n, model, window),
-        "running summary": state_memory(model),
-        f"hybrid, attention in {attention_layers} of {model.layers}": hybrid_memory(n, model,
-                                                                                   attention_layers),
-    }
-    table = pd.DataFrame({"bytes": rows})
-    table.index.name = "design"
-    table["MiB"] = table["bytes"] / MIB
+def mamba_mixer_weights(width: int, expand: int = 2, state: int = 16,
+                        conv: int = 4, dt_rank: int | None = None) -> int:
+    """Weights of one Mamba mixer as transformers builds it (Gu and Dao
+    2023), for model width d and inner width E·d."""
+    tx.check_positive(width=width, expand=expand, state=state, conv=conv)
+    inner = expand * width
+    # Δ's low rank: "auto" in transformers
+    rank = math.ceil(width / 16) if dt_rank is None else dt_rank
+    return (width * 2 * inner             # in_proj: d → 2·E·d
+            + inner * conv + inner        # conv1d: a window a channel, bias
+            + inner * (rank + 2 * state)  # x_proj: Δ's rank numbers, B, C
+            + rank * inner + inner        # dt_proj: rank → E·d, and bias
+            + inner * state + inner       # A (stored as A_log) and D
+            + inner * width)              # out_proj: E·d → d
+
+
+def tiny_mamba(seed: int = 0, layers: int = 2, hidden: int = 32,
+               state: int = 16):
+    """A small MambaForCausalLM from a config: random weights, nothing
+    downloaded."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    tx.check_positive(layers=layers, hidden=hidden, state=state)
+    torch.manual_seed(seed)
+    config = MambaConfig(vocab_size=128, hidden_size=hidden,
+                         state_size=state, num_hidden_layers=layers,
+                         expand=2, conv_kernel=4)
+    with tx._quiet_transformers():
+        return MambaForCausalLM(config).eval()
+
+
+def prompt_cache(model, n: int, seed: int = 0):
+    """Run one prompt of n random tokens through `model`; return the
+    cache it keeps."""
+    tx.check_positive(n=n)
+    g = torch.Generator().manual_seed(seed)
+    vocabulary = model.config.vocab_size
+    ids = torch.randint(0, vocabulary, (1, n), generator=g)
+    with torch.no_grad(), tx._quiet_transformers():
+        return tx.model_cache(model(ids, use_cache=True))
+
+
+def mamba_layer_formula(config, batch: int = 1,
+                        element_size: int = 4) -> int:
+    """Bytes of one Mamba layer's cache from its config: a window of
+    inputs and a state for each inner channel."""
+    tx.check_positive(batch=batch, element_size=element_size)
+    if hasattr(config, "mamba_d_state"):   # Jamba's names for the sizes
+        inner = config.mamba_expand * config.hidden_size
+        window, state = config.mamba_d_conv, config.mamba_d_state
+    else:
+        inner = config.intermediate_size
+        window, state = config.conv_kernel, config.state_size
+    # the last `window` inputs and the state, for each inner channel
+    return batch * inner * (window + state) * element_size
+
+
+def end_to_end_table(ns=(1024, 8192),
+                     model: tx.ExampleModel = tx.ExampleModel(),
+                     expand: int = 2, conv: int = 4) -> pd.DataFrame:
+    """FLOPs for one more token with every weight counted (2 a weight
+    a token meets): one attention layer with its four projections
+    against one Mamba mixer with its own; and the example model against
+    the same with each attention layer swapped for a mixer, keeping the
+    feed-forward layers and the vocabulary (a hypothetical model, not
+    Mamba's own, which has no feed-forward layers)."""
+    d, layers, state = model.width, model.layers, model.state_per_channel
+    projections = 4 * d * d                        # W_Q, W_K, W_V, W_O
+    mixer = mamba_mixer_weights(d, expand, state, conv)
+    scan = 4 * expand * d * state    # update and read-out, 2 FLOPs each
+    weights = 2 * model.parameters                 # every weight, once
+    swapped = 2 * (model.parameters + layers * (mixer - projections))
+    rows = {}
+    for n in ns:
+        pairs = tx.decode_attention_flops(n, model)   # all layers
+        attention_layer = 2 * projections + pairs // layers
+        mixer_layer = 2 * mixer + scan
+        rows[n] = {"attention layer": attention_layer,
+                   "Mamba mixer": mixer_layer,
+                   "layer ratio": attention_layer / mixer_layer,
+                   "attention model": weights + pairs,
+                   "attention swapped for mixers": swapped + layers * scan}
+        rows[n]["model ratio"] = (rows[n]["attention model"]
+                                  / rows[n]["attention swapped for mixers"])
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "tokens"
     return table
 
 
-def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same h_t with two prefix sums in log space (Heinsen 2023): no step waits for another.
+def state_recall(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Write key–value pairs into a fixed state, one pair a token, as a
+    linear recurrence with rate 1 does; then read every value back by its
+    key. keys (m, N), values (m, width): the state is (width, N)."""
+    width, n_state = values.shape[-1], keys.shape[-1]
+    state = torch.zeros(width, n_state, dtype=values.dtype)
+    for k, v in zip(keys, values):
+        state = 1.0 * state + torch.outer(v, k)   # S ← a·S + v kᵀ, a = 1
+    return keys @ state.T                         # S q, with q = each key
 
-    h_t = P_t · Σ_(k≤t) b_k / P_k with P_t = a_1 ⋯ a_t. In logs: log h_t = log P_t +
-    logcumsumexp(log b_k − log P_k). A complex logarithm carries the sign of a negative b.
+
+def attention_recall(keys: torch.Tensor, values: torch.Tensor,
+                     sharpness: float = 100.0) -> torch.Tensor:
+    """Keep every key and value (a cache); read every value back by its
+    key with softmax attention, scores scaled by `sharpness`."""
+    weights = torch.softmax(sharpness * keys @ keys.T, dim=-1)
+    return weights @ values
+
+
+def recall_table(pairs=(1, 4, 16, 64, 256), state: int = 16,
+                 width: int = 64, seed: int = 0) -> pd.DataFrame:
+    """Pairs recalled within 1 % by a state written as the walk writes
+    it, by the best state of that size (least squares) and by attention,
+    with the numbers each keeps. Keys are at right angles while they fit
+    (pairs ≤ state), random unit vectors after that."""
+    tx.check_positive(state=state, width=width)
+    g = torch.Generator().manual_seed(seed)
+    f64, rows = {"dtype": torch.float64, "generator": g}, {}
+    for m in pairs:
+        tx.check_positive(pairs=m)
+        keys = torch.randn(m, state, **f64)
+        values = torch.randn(m, width, **f64)
+        if m <= state:
+            keys = torch.linalg.qr(keys.T).Q.T     # at right angles
+        keys = F.normalize(keys, dim=-1)
+        best = keys @ (torch.linalg.pinv(keys) @ values)   # least squares
+        reads = {"state": state_recall(keys, values), "best state": best,
+                 "attention": attention_recall(keys, values)}
+        rows[m] = {"state numbers": width * state,
+                   "cache numbers": m * (state + width)}
+        for who, read in reads.items():
+            error = (read - values).norm(dim=-1) / values.norm(dim=-1)
+            rows[m][f"{who} recalls"] = int((error < 0.01).sum())
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("pairs")
+
+
+@tx.cli_table("Part 7 · the example model at 32,768 tokens: memory of "
+              "three designs and a hybrid")
+def memory_table(n: int = 32_768,
+                 model: tx.ExampleModel = tx.ExampleModel(),
+                 window: int = 1024,
+                 attention_layers: int = 3) -> pd.DataFrame:
+    """Bytes (and MiB) that each design keeps for one conversation of n
+    tokens."""
+    layers = f"{attention_layers} of {model.layers}"
+    rows = {
+        "attention over everything": tx.kv_cache_bytes(n, model),
+        f"window of {window:,}": tx.kv_cache_bytes(n, model, window),
+        "running summary": state_memory(model),
+        f"hybrid, attention in {layers}": hybrid_memory(
+            n, model, attention_layers),
+    }
+    table = pd.DataFrame({"bytes": rows})
+    table.index.name = "design"
+    table["MiB"] = table["bytes"] / tx.MIB
+    return table
+
+
+def combine(first: tuple, then: tuple) -> tuple:
+    """Two steps h ↦ a·h + b joined into one: `first` = (a₁, b₁), then
+    `then` = (a₂, b₂)."""
+    a1, b1 = first
+    a2, b2 = then
+    # a₂(a₁h + b₁) + b₂ = (a₁a₂)·h + (a₂b₁ + b₂)
+    return a1 * a2, a2 * b1 + b2
+
+
+def scan_associative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The h_t of scan_loop in ⌈log₂ n⌉ rounds: after round r, position t
+    holds the last 2^r steps up to t joined into one (Hillis and Steele's
+    scan). No position waits for its neighbour."""
+    tx.check_steps(a, b)
+    shift = 1
+    while shift < b.shape[-1]:
+        # the steps `shift` places back; before the start, h ↦ h
+        earlier = (F.pad(a[..., :-shift], (shift, 0), value=1.0),
+                   F.pad(b[..., :-shift], (shift, 0), value=0.0))
+        a, b = combine(earlier, (a, b))      # every position at once
+        shift *= 2
+    return b           # h_0 = 0, so the joined step gives h_t = its b
+
+
+def selective_inputs(n: int, channels: int = 16,
+                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rates and inputs that tokens choose (float64): a = exp(−Δ) and
+    b = Δ·x, with Δ = softplus(x − 1) from the token x."""
+    tx.check_positive(n=n, channels=channels)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(channels, n, generator=g, dtype=torch.float64)
+    delta = F.softplus(x - 1.0)    # each token's step: large Δ forgets fast
+    return torch.exp(-delta), delta * x
+
+
+def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The h_t of scan_loop with two prefix sums in log space (Heinsen
+    2023): log h_t = log P_t + logcumsumexp(log b_k − log P_k), with
+    P_t = a_1 ⋯ a_t. A complex logarithm carries the sign of a negative b.
     """
-    check_steps(a, b)
-    check_log_rates(a)
-    log_p = torch.cumsum(torch.log(a), dim=-1)                           # log P_t, a prefix sum
-    log_b = torch.log(b.to(torch.complex128 if b.dtype == torch.float64 else torch.complex64))
-    log_h = log_p + torch.logcumsumexp(log_b - log_p, dim=-1)            # the second prefix sum
+    tx.check_steps(a, b)
+    tx.check_log_rates(a)
+    log_p = torch.cumsum(torch.log(a), dim=-1)    # log P_t: a prefix sum
+    wide = torch.complex128 if b.dtype == torch.float64 else torch.complex64
+    log_b = torch.log(b.to(wide))
+    # the second prefix sum
+    log_h = log_p + torch.logcumsumexp(log_b - log_p, dim=-1)
     return torch.exp(log_h).real.to(b.dtype)
 
 
 def scan_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same formula without logs: P_t = exp(cumsum(log a)) underflows, so b / P_t overflows."""
-    check_steps(a, b)
-    check_log_rates(a)
-    p = torch.exp(torch.cumsum(torch.log(a), dim=-1))   # a_1 ⋯ a_t: shrinks towards 0
-    return p * torch.cumsum(b / p, dim=-1)              # b / P_t: grows without bound
+    """The same formula without logs: P_t = exp(cumsum(log a)) underflows,
+    so b / P_t overflows."""
+    tx.check_steps(a, b)
+    tx.check_log_rates(a)
+    p = torch.exp(torch.cumsum(torch.log(a), dim=-1))  # shrinks towards 0
+    return p * torch.cumsum(b / p, dim=-1)      # b / P_t: grows unbounded
+
+
+def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
+    """The first length at which scan_naive breaks for a constant rate
+    `keep` and b = 1: where Σ_(k≤t) keep^−k = (keep^−t − 1) / (1 − keep)
+    passes the largest number of `dtype`; in logs,
+    −t log keep − log(1 − keep) > log max."""
+    if not 0 < keep < 1:
+        raise ValueError(f"keep must lie strictly between 0 and 1, "
+                         f"got {keep!r}")
+    largest = math.log(torch.finfo(dtype).max)
+    return math.floor((largest + math.log(1 - keep)) / -math.log(keep)) + 1
+
+
+@tx.cli_table("Part 7 · a selective scan: loop against two parallel scans "
+              "(float64, 16 channels)")
+def scan_table(ns=(16, 64, 256, 1024), channels: int = 16,
+               seed: int = 0) -> pd.DataFrame:
+    """For each length: the autograd depth of each way, and the largest
+    difference of each parallel way from the loop."""
+    rows = {}
+    for n in ns:
+        a, b = (t.requires_grad_()
+                for t in selective_inputs(n, channels, seed))
+        loop = scan_loop(a, b)
+        log_space = scan_log_space(a, b)
+        assoc = scan_associative(a, b)
+        rows[n] = {
+            "loop depth": tx.graph_depth(loop),
+            "log-space depth": tx.graph_depth(log_space),
+            "associative depth": tx.graph_depth(assoc),
+            "log-space max diff": (log_space - loop).abs().max().item(),
+            "associative max diff": (assoc - loop).abs().max().item(),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("n")
+
+
+def attention_layer_formula(config, n: int, batch: int = 1,
+                            element_size: int = 4) -> int:
+    """Bytes of one attention layer's cache after n tokens, from a
+    transformers config: Part 6's kv_cache_bytes for one layer."""
+    tx.check_positive(n=n, batch=batch, element_size=element_size)
+    heads, width = config.num_attention_heads, config.hidden_size
+    one_layer = tx.ExampleModel(
+        layers=1, width=width, heads=heads, head_size=width // heads,
+        bytes_per_number=element_size, vocabulary=config.vocab_size,
+        kv_heads=config.num_key_value_heads)
+    return batch * tx.kv_cache_bytes(n, one_layer)
+
+
+def real_cache_table(model, ns=(16, 64, 256),
+                     seed: int = 0) -> pd.DataFrame:
+    """Measured cache bytes of a real model, by kind of layer, against
+    the formulas, for prompts of each length in ns."""
+    # bytes a number, from the weights
+    size = torch.empty((), dtype=model.dtype).element_size()
+    rows = {}
+    for n in ns:
+        measured = tx.cache_layer_bytes(prompt_cache(model, n, seed))
+        row = {}
+        for kind in ("mamba", "attention"):
+            found = [b for k, b in measured if k == kind]
+            if not found:
+                continue
+            one = (mamba_layer_formula(model.config, element_size=size)
+                   if kind == "mamba" else attention_layer_formula(
+                       model.config, n, element_size=size))
+            row[f"{kind} layers"] = len(found)
+            row[f"{kind} measured"] = sum(found)
+            row[f"{kind} formula"] = len(found) * one
+        rows[n] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "prompt tokens"
+    kinds = [k for k in ("mamba", "attention") if f"{k} measured" in table]
+    table["equal"] = [all(table.loc[n, f"{k} measured"]
+                          == table.loc[n, f"{k} formula"] for k in kinds)
+                      for n in table.index]
+    return table
+
+
+def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32,
+               state: int = 16):
+    """A small Jamba hybrid from a config: attention in layer 2 of every
+    4, Mamba elsewhere."""
+    from transformers import JambaConfig, JambaForCausalLM
+
+    tx.check_positive(layers=layers, hidden=hidden, state=state)
+    torch.manual_seed(seed)
+    config = JambaConfig(
+        vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=4, attn_layer_offset=2,
+        expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+        num_experts_per_tok=1, mamba_d_state=state, mamba_d_conv=4,
+        mamba_expand=2, mamba_dt_rank=4)
+    with tx._quiet_transformers():
+        return JambaForCausalLM(config).eval()
+
+
+@tx.cli_table("Part 7 · a real Mamba cache (tiny, random weights): "
+              "bytes against the formula")
+def mamba_cache_table() -> pd.DataFrame:
+    """The Mamba cache table of this page, for the command line."""
+    return real_cache_table(tiny_mamba())
+
+
+@tx.cli_table("Part 7 · a real Jamba cache (tiny hybrid, random weights): "
+              "bytes against the formulas")
+def jamba_cache_table() -> pd.DataFrame:
+    """The Jamba cache table of this page, for the command line."""
+    return real_cache_table(tiny_jamba())
+
+# ── end of the cells saved from notebooks/07_state_space_hybrids.md ──
+
+
+def check_steps(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The rates a and inputs b of a scan: tensors of one shape, steps
+    along the last dimension."""
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
+            or a.shape != b.shape or a.dim() < 1 or a.shape[-1] < 1):
+        raise ValueError(
+            f"a and b must be tensors of one shape with a last dimension "
+            f"≥ 1, got {getattr(a, 'shape', a)!r} and "
+            f"{getattr(b, 'shape', b)!r}")
 
 
 def check_log_rates(a: torch.Tensor) -> None:
     """Rates that a formula in logarithms can take: every a in (0, 1]."""
     if not bool(((a > 0) & (a <= 1)).all()):
-        raise ValueError("a must lie in (0, 1] for a formula in logarithms: a rate of forgetting")
-
-
-def first_overflow(keep: float, dtype: torch.dtype = torch.float32) -> int:
-    """The first length at which scan_naive breaks for a constant rate `keep` and b = 1.
-
-    Its running total Σ_(k≤t) 1 / keep^k = (keep^−t − 1) / (1 − keep) passes the largest number
-    of `dtype` there; in logs, −t log keep − log(1 − keep) > log max.
-    """
-    if not 0 < keep < 1:
-        raise ValueError(f"keep must lie strictly between 0 and 1, got {keep!r}")
-    return math.floor((math.log(torch.finfo(dtype).max) + math.log(1 - keep)) / -math.log(keep)) + 1
-
-
-def selective_inputs(n: int, channels: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rates and inputs that tokens choose: a = exp(−Δ), b = Δ·x with Δ = softplus(x) (float64)."""
-    check_positive(n=n, channels=channels)
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(channels, n, generator=g, dtype=torch.float64)
-    delta = F.softplus(x - 1.0)            # each token sets its own step: large Δ forgets fast
-    return torch.exp(-delta), delta * x
-
-
-@cli_table("Part 7 · a selective scan: loop against two parallel scans (float64, 16 channels)")
-def scan_table(ns: Iterable[int] = (16, 64, 256, 1024), channels: int = 16, seed: int = 0) -> pd.DataFrame:
-    """For each length: the largest difference from the loop, and the autograd depth of each way."""
-    rows = {}
-    for n in ns:
-        a, b = (t.requires_grad_() for t in selective_inputs(n, channels, seed))
-        loop, log_space, assoc = scan_loop(a, b), scan_log_space(a, b), scan_associative(a, b)
-        rows[n] = {
-            "loop depth": graph_depth(loop),
-            "log-space depth": graph_depth(log_space),
-            "associative depth": graph_depth(assoc),
-            "log-space max diff": (log_space - loop).abs().max().item(),
-            "associative max diff": (assoc - loop).abs().max().item(),
-        }
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "n"
-    return table
-
-
-def tiny_mamba(seed: int = 0, layers: int = 2, hidden: int = 32, state: int = 16):
-    """A small MambaForCausalLM from a config: random weights, nothing downloaded."""
-    from transformers import MambaConfig, MambaForCausalLM
-
-    check_positive(layers=layers, hidden=hidden, state=state)
-    torch.manual_seed(seed)
-    config = MambaConfig(vocab_size=128, hidden_size=hidden, state_size=state, num_hidden_layers=layers,
-                         expand=2, conv_kernel=4)
-    with _quiet_transformers():
-        return MambaForCausalLM(config).eval()
-
-
-def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32, state: int = 16):
-    """A small Jamba hybrid from a config: attention in layer 2 of every 4, Mamba elsewhere."""
-    from transformers import JambaConfig, JambaForCausalLM
-
-    check_positive(layers=layers, hidden=hidden, state=state)
-    torch.manual_seed(seed)
-    config = JambaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
-                         expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
-                         mamba_d_state=state, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)
-    with _quiet_transformers():
-        return JambaForCausalLM(config).eval()
+        raise ValueError("a must lie in (0, 1] for a formula in "
+                         "logarithms: a rate of forgetting")
 
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """Hide transformers' notes that Mamba runs its slow reference path on CPU: expected here."""
+    """Hide transformers' notes that Mamba runs its slow reference path on
+    CPU, expected here (Parts 7 and 8 build real models from configs)."""
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.get_verbosity()
@@ -2804,75 +2985,6 @@ def _quiet_transformers():
         yield
     finally:
         hf_logging.set_verbosity(before)
-
-
-def prompt_cache(model, n: int, seed: int = 0):
-    """Run one prompt of n random tokens through `model`; return the cache it keeps."""
-    check_positive(n=n)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g)
-    with torch.no_grad(), _quiet_transformers():
-        return model_cache(model(ids, use_cache=True))
-
-
-def mamba_layer_formula(config, batch: int = 1, element_size: int = 4) -> int:
-    """Bytes of one Mamba layer's cache from its config: a window and a state per inner channel."""
-    check_positive(batch=batch, element_size=element_size)
-    if hasattr(config, "mamba_d_state"):             # Jamba names the same sizes with mamba_
-        inner = config.mamba_expand * config.hidden_size
-        window, state = config.mamba_d_conv, config.mamba_d_state
-    else:
-        inner, window, state = config.intermediate_size, config.conv_kernel, config.state_size
-    return batch * inner * (window + state) * element_size   # the last `window` inputs + the state
-
-
-def attention_layer_formula(config, n: int, batch: int = 1, element_size: int = 4) -> int:
-    """Bytes of one attention layer's cache after n tokens, from a transformers config: Part 6's
-    kv_cache_bytes for one layer of the config's shape."""
-    check_positive(n=n, batch=batch, element_size=element_size)
-    heads = config.num_attention_heads
-    one_layer = ExampleModel(layers=1, width=config.hidden_size, heads=heads,
-                             head_size=config.hidden_size // heads, bytes_per_number=element_size,
-                             vocabulary=config.vocab_size, kv_heads=config.num_key_value_heads)
-    return batch * kv_cache_bytes(n, one_layer)
-
-
-def real_cache_table(model, ns: Iterable[int] = (16, 64, 256), seed: int = 0) -> pd.DataFrame:
-    """Measured cache bytes of a real model, by kind of layer, against the formulas, per prompt."""
-    size = torch.empty((), dtype=model.dtype).element_size()   # bytes a number, from the weights
-    rows = {}
-    for n in ns:
-        measured = cache_layer_bytes(prompt_cache(model, n, seed))
-        row = {}
-        for kind in ("mamba", "attention"):
-            count = sum(1 for k, _ in measured if k == kind)
-            if not count:
-                continue
-            row[f"{kind} layers"] = count
-            row[f"{kind} measured"] = sum(b for k, b in measured if k == kind)
-            one = (mamba_layer_formula(model.config, element_size=size) if kind == "mamba"
-                   else attention_layer_formula(model.config, n, element_size=size))
-            row[f"{kind} formula"] = count * one
-        rows[n] = row
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "prompt tokens"
-    table["equal"] = [all(table.loc[n, f"{k} measured"] == table.loc[n, f"{k} formula"]
-                          for k in ("mamba", "attention") if f"{k} measured" in table)
-                      for n in table.index]
-    return table
-
-
-@cli_table("Part 7 · a real Mamba cache (tiny, random weights): bytes against the formula")
-def _mamba_cache_table() -> pd.DataFrame:
-    """The Mamba cache table of the notebook, for the command line."""
-    return real_cache_table(tiny_mamba())
-
-
-@cli_table("Part 7 · a real Jamba cache (tiny hybrid, random weights): bytes against the formulas")
-def _jamba_cache_table() -> pd.DataFrame:
-    """The Jamba cache table of the notebook, for the command line."""
-    return real_cache_table(tiny_jamba())
-
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════

@@ -252,6 +252,58 @@ def test_real_jamba_cache_grows_only_in_attention():
         2 * 2 * n * 8 * 4 for n in (4, 8, 40)]          # keys and values, 2 kv heads of 8, float32
 
 
+@pytest.mark.parametrize("model", SMALL_MODELS + [tx.ExampleModel()])
+def test_decode_state_space_flops_term_by_term(model):
+    """The page's derivation: update 2·d·N, read-out 2·d·N, a layer 4·d·N, the model 4·d·N·L."""
+    d, n_state = model.width, model.state_per_channel
+    assert tx.decode_state_space_flops(model) == (2 * d * n_state + 2 * d * n_state) * model.layers
+
+
+@pytest.mark.parametrize("m,n_state,width", [(1, 4, 3), (5, 8, 6), (20, 8, 16)])
+def test_state_recall_is_the_outer_product_sum(m, n_state, width):
+    """The walk with rate 1 writes S = Σ v kᵀ = Vᵀ K; reading with every key gives K Sᵀ."""
+    g = torch.Generator().manual_seed(m)
+    keys = torch.randn(m, n_state, generator=g, dtype=torch.float64)
+    values = torch.randn(m, width, generator=g, dtype=torch.float64)
+    want = keys @ (values.T @ keys).T
+    assert torch.allclose(tx.state_recall(keys, values), want, rtol=1e-12, atol=1e-12)
+
+
+def test_state_recall_exact_for_orthonormal_keys_and_attention_for_distinct_keys():
+    g = torch.Generator().manual_seed(3)
+    keys = torch.linalg.qr(torch.randn(16, 16, generator=g, dtype=torch.float64)).Q.T[:10]
+    values = torch.randn(10, 5, generator=g, dtype=torch.float64)
+    assert torch.allclose(tx.state_recall(keys, values), values, atol=1e-12)
+    one_hot = torch.eye(4, dtype=torch.float64)
+    assert torch.allclose(tx.attention_recall(one_hot, values[:4]), values[:4], atol=1e-12)
+
+
+def test_no_state_of_n_columns_recalls_more_than_n_values():
+    """Every read-out of a (width, N) state lies in its N-dimensional column space."""
+    g = torch.Generator().manual_seed(0)
+    keys = torch.nn.functional.normalize(torch.randn(40, 8, generator=g, dtype=torch.float64), dim=-1)
+    values = torch.randn(40, 32, generator=g, dtype=torch.float64)
+    best = keys @ (torch.linalg.pinv(keys) @ values)
+    assert int(torch.linalg.matrix_rank(best)) <= 8
+    assert int(torch.linalg.matrix_rank(values)) == 32
+
+
+def test_recall_table_counts():
+    table = tx.recall_table(pairs=(2, 8, 32), state=8, width=16, seed=1)
+    assert list(table["state recalls"][:2]) == [2, 8] == list(table["best state recalls"][:2])
+    assert table.loc[32, "best state recalls"] < 32
+    assert list(table["attention recalls"]) == [2, 8, 32]
+    assert list(table["cache numbers"]) == [m * (8 + 16) for m in (2, 8, 32)]
+    assert set(table["state numbers"]) == {8 * 16}
+
+
+def test_memory_table_rows_are_the_formulas():
+    model = tx.ExampleModel()
+    table = tx.memory_table(4096, model, window=256, attention_layers=2)
+    assert list(table["bytes"]) == [tx.kv_cache_bytes(4096, model), tx.kv_cache_bytes(4096, model, 256),
+                                    tx.state_memory(model), tx.hybrid_memory(4096, model, 2)]
+
+
 @pytest.mark.parametrize("call,argument", [
     (lambda: tx.running_summary([1, 2], [0.5]), "keep"),
     (lambda: tx.running_summary([1, 2], 1.5), "keep"),
@@ -274,6 +326,9 @@ def test_real_jamba_cache_grows_only_in_attention():
     (lambda: tx.prompt_cache(None, 0), "n"),
     (lambda: tx.attention_layer_formula(None, 0), "n"),
     (lambda: tx.mamba_layer_formula(None, batch=0), "batch"),
+    (lambda: tx.recall_table(state=0), "state"),
+    (lambda: tx.recall_table(pairs=(4, 0)), "pairs"),
+    (lambda: tx.mamba_mixer_weights(0), "width"),
 ])
 def test_bad_input_names_the_argument(call, argument):
     with pytest.raises(ValueError, match=argument):
