@@ -69,7 +69,8 @@ def commands(python: str) -> list[list[str]]:
     pip = [python, "-m", "pip", "install", "--quiet"]
     return [pip + ["--upgrade", "pip"],
             pip + ["torch", "--index-url", TORCH_INDEX],
-            pip + unpinned(REQUIREMENTS),
+            # torch: from the CPU index above, only
+            pip + [name for name in unpinned(REQUIREMENTS) if canonical(name) != "torch"],
             pip + ["--no-deps"] + unpinned(NODEPS),
             pip + ["--no-deps", "-e", str(ROOT)]]
 
@@ -115,6 +116,14 @@ def report(pinned: dict[str, str], ran: dict[str, str], summary: str | None) -> 
     return text
 
 
+def write_stamp(stamp: Path, ran: dict[str, str]) -> None:
+    """The stamp `make env` keeps, newer than the pins: the versions installed, not the pins (so
+    that a change of the pins, when it makes `make env` look, never matches it)."""
+    stamp.write_text("# the newest releases (make newest), not the pins\n"
+                     + "".join(f"{name}=={version}\n" for name, version in sorted(ran.items())),
+                     encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     ran = installed(python)
     print(report({**pins(REQUIREMENTS), **pins(NODEPS)}, ran, os.environ.get("GITHUB_STEP_SUMMARY")))
-    stamp.write_text("# the newest releases (make newest), not the pins\n"
-                     + "".join(f"{name}=={version}\n" for name, version in sorted(ran.items())),
-                     encoding="utf-8")
+    write_stamp(stamp, ran)
     return 0
 
 

@@ -502,8 +502,8 @@ def test_the_newest_environment_takes_every_pinned_package_without_its_pin():
     commands = newest.commands("python")
     torch = commands[1]
     assert torch[-3:] == ["torch", "--index-url", "https://download.pytorch.org/whl/cpu"]
-    named = [newest.canonical(word) for command in commands[2:4] for word in command[5:]
-             if not word.startswith("-")]
+    named = [newest.canonical(word) for command in commands[1:4] for word in command[5:]
+             if not word.startswith(("-", "http"))]
     assert sorted(named) == sorted(pinned) and not any("==" in w for c in commands for w in c)
     assert commands[3][5] == "--no-deps"             # requirements-nodeps.txt, as make env does
     assert "check-jsonschema" in pinned              # this test's own validator is pinned
@@ -522,3 +522,22 @@ def test_the_newest_report_names_what_changed(tmp_path):
 def test_make_newest_hands_the_environment_and_its_stamp_to_the_script():
     done = subprocess.run(["make", "-n", "newest"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "scripts/newest.py --venv .venv --stamp .venv/.pins" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_keeps_the_newest_environment_until_the_pins_change(tmp_path):
+    """After `make newest`, `make book` and `make test` use that environment as it is (its stamp
+    is newer than the pins); once requirements.txt changes, `make env` rebuilds from the pins."""
+    import os
+
+    for name in ("Makefile", "requirements.txt", "requirements-nodeps.txt", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text("")
+    newest.write_stamp(tmp_path / ".venv" / ".pins", {"torch": "2.15.0+cpu", "numpy": "2.9.0"})
+    dry_run = lambda: subprocess.run(["make", "-n", "env"], cwd=tmp_path, capture_output=True,  # noqa: E731
+                                     text=True, check=True).stdout
+    assert "pip install" not in dry_run()                          # kept as it is
+    later = (tmp_path / ".venv" / ".pins").stat().st_mtime + 10
+    os.utime(tmp_path / "requirements.txt", (later, later))        # the pins change
+    assert "recreating" in dry_run() and "pip install --quiet -r requirements.txt" in dry_run()
