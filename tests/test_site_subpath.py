@@ -218,11 +218,12 @@ def test_every_part_launches_the_repository_that_publishes_it(site):
     problems = []
     for stem in sitekit.notebook_stems():
         page = f"notebooks/{stem}.html"
-        hrefs = [a["href"] for a in sitekit.parsed((site / page).resolve()).find_all("a", href=True)]
+        soup = sitekit.parsed((site / page).resolve())
+        hrefs = [a["href"] for a in soup.find_all("a", href=True)]
         named = {"colab": [m.group(1) for h in hrefs if (m := sitekit.COLAB.search(h))],
                  "binder": [m.group(1) for h in hrefs if (m := sitekit.BINDER.search(h))],
-                 "repository": [h.removeprefix("https://github.com/") for h in hrefs
-                                if re.fullmatch(r"https://github\.com/[^/]+/[^/]+/?", h)]}
+                 "repository": [urlsplit(a["href"]).path.strip("/") for a in soup.find_all(
+                     "a", href=True, class_="btn-source-repository-button")]}
         for button, names in named.items():
             if not names:
                 problems.append(f"{page}: no {button} button")
