@@ -95,3 +95,22 @@ serve:
 ## clean: remove the build (keeps .venv)
 clean:
 	rm -rf _build book/ledger.md book/exercises.md
+
+# ── CI: the steps of .ci/run and .github/workflows/ that are not the targets above ────────────
+
+.PHONY: chromium site-test newest
+## chromium: Debian's chromium and its driver, for `make pdf` and the site tests (as root, as CI runs)
+chromium:
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver > /dev/null
+
+## site-test: after `make book` and `make pdf`: the PDF and the site tests, where a missing site or
+## browser is a failure, not a skip
+site-test: env
+	$(BIN)/python -m pytest tests/test_pdf.py tests/test_site_*.py --require-site
+
+## newest: .venv with the newest releases pip allows (torch: the newest CPU build), not the pins,
+## then `make book` uses it as it is (the weekly workflow); `make env` goes back to the pins
+## whenever requirements*.txt change. The versions go to the job summary in a workflow.
+newest:
+	$(PYTHON) scripts/newest.py --venv $(VENV) --stamp $(STAMP)

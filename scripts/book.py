@@ -667,9 +667,11 @@ def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> N
     expected, glued = load_expected(), glued if glued is not None else glued_values(only)
     if only:
         expected = {page: keys for page, keys in expected.items() if page in only}
+    newest_releases(glued)       # the weekly build: the pages name other releases than the pins
     problems = compare(expected, glued)
     total = sum(len(keys) for keys in glued.values())
     if problems:
+        write_step_summary(problems, total)     # in a workflow: the same table in the job summary
         fail(f"number check: {len(problems)} problem(s) in {total} glued values\n"
              f"{problem_table(problems)}\n"
              f"If a change is on purpose, run `make numbers`, read the diff, and say so in the commit.")
@@ -835,6 +837,97 @@ def write_exercises() -> None:
     print(f"exercises: {rel(EXERCISES)} written")
 
 
+# ── in a workflow: the site names the workflow's repository, a failure fills the summary ──
+
+#: _config.yml as the site's render reads it when the site names another repository.
+SITE_CONFIG = BUILD / "_config.site.yml"
+
+
+def site_repository_url(environ=None) -> str:
+    """The repository the site's launch and repository buttons name.
+
+    In a GitHub Actions workflow, the workflow's own (GITHUB_REPOSITORY): a fork's site opens the
+    fork's notebooks, with no edit. Elsewhere, the one _config.yml names."""
+    environ = os.environ if environ is None else environ
+    name = environ.get("GITHUB_REPOSITORY", "").strip().strip("/")
+    return f"https://github.com/{name}" if name else repository_url()
+
+
+def site_config_option(environ=None) -> list[str]:
+    """`--config FILE` for `jupyter-book build` when the site names another repository than
+    _config.yml (FILE: _config.yml with that repository.url); no option otherwise.
+
+    Jupyter Book 1 takes no single-key override on its command line, and reads the buttons'
+    repository from repository.url; _config.yml itself keeps the default for local builds.
+    Jupyter Book resolves local_extensions against the config file's folder: written absolute."""
+    import yaml
+
+    url = site_repository_url(environ)
+    if url == repository_url():
+        return []
+    config = book_config()
+    config["repository"]["url"] = url
+    extensions = config.get("sphinx", {}).get("local_extensions") or {}
+    for name, folder in extensions.items():
+        extensions[name] = str((ROOT / folder).resolve())
+    SITE_CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    SITE_CONFIG.write_text("# Written by scripts/book.py html: _config.yml, with the repository of "
+                           "the workflow (GITHUB_REPOSITORY).\n"
+                           + yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
+                           encoding="utf-8")
+    print(f"site: the buttons name {url} (GITHUB_REPOSITORY), not {repository_url()}")
+    return ["--config", str(SITE_CONFIG)]
+
+
+#: Set (to "newest") by the weekly workflow, which builds on the newest releases (`make newest`).
+RELEASES = "WHY_SELF_ATTENTION_RELEASES"
+
+
+def newest_releases(glued: dict, environ=None) -> None:
+    """On the newest releases (WHY_SELF_ATTENTION_RELEASES=newest), the keys that name the
+    transformers release a page ran on must be a version string, not the pinned one: as in
+    `make compat` (compat.accept_release_names), they are not compared. Elsewhere: nothing."""
+    environ = os.environ if environ is None else environ
+    if environ.get(RELEASES) == "newest":
+        import compat
+
+        try:
+            compat.accept_release_names(glued)
+        except compat.CompatError as error:
+            fail(str(error))
+
+
+def markdown_cell(text: str) -> str:
+    """Text for one cell of a Markdown table: no bar or line break can end the cell early."""
+    return " ".join(str(text).split()).replace("|", "\\|") or " "
+
+
+def markdown_problem_table(problems: list[Problem]) -> str:
+    """The drift table as GitHub-flavoured Markdown: the same columns as problem_table."""
+    rows = [("page", "key", "kind", "expected", "got", "ratio / threshold", "what"),
+            ("---",) * 7]
+    rows += [(p.page, f"`{p.key}`", p.kind, fmt(p.expected), fmt(p.got), p.margin or "—", p.reason)
+             for p in problems]
+    return "\n".join("| " + " | ".join(markdown_cell(c) if i > 1 else c for c in row) + " |"
+                     for i, row in enumerate(rows))
+
+
+def write_step_summary(problems: list[Problem], total: int, environ=None) -> None:
+    """In a GitHub Actions job (GITHUB_STEP_SUMMARY is set): append the drift table to the job's
+    summary, so the failure reads on the run's page. Elsewhere: nothing (the terminal has the
+    table already)."""
+    environ = os.environ if environ is None else environ
+    summary = environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    text = (f"### Number check: {len(problems)} problem(s) in {total} glued values\n\n"
+            f"{markdown_problem_table(problems)}\n\n"
+            "If a change is on purpose, run `make numbers`, read the diff, and say so in the "
+            "commit.\n\n")
+    with open(summary, "a", encoding="utf-8") as out:
+        out.write(text)
+
+
 # ── the site ──────────────────────────────────────────────────────────────────────────────
 
 
@@ -843,6 +936,7 @@ def html() -> None:
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
                "--builder", "html", "-W", "-n", "--keep-going",
                "--all"]   # re-read every page: a page whose .md is unchanged still has new outputs
+    command += site_config_option()      # in a workflow: the buttons name its repository
     print("$ jupyter-book", " ".join(command[1:]))
     shutil.rmtree(BUILD / "html", ignore_errors=True)   # no page left over from an older build
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
