@@ -370,54 +370,12 @@ def cli_table(title: str):
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
-# Stated examples (seed 001): one model and one accelerator, used by Parts 1, 6 and 7
+# Stated examples: units, and the accelerator of Part 6 (the example model is Part 1's)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 GIB = 2 ** 30
 MIB = 2 ** 20
 KIB = 2 ** 10
-
-
-@dataclass(frozen=True)
-class ExampleModel:
-    """A stated decoder model: no real product, but every seed number follows from it."""
-    layers: int = 24
-    width: int = 1024
-    heads: int = 16
-    head_size: int = 64
-    bytes_per_number: int = 2
-    vocabulary: int = 32_768
-    kv_heads: int = 16            # heads that keep their own keys and values (16 = every head)
-    state_per_channel: int = 16   # numbers a state-space layer keeps for each channel
-
-    def __post_init__(self):
-        check_positive(layers=self.layers, width=self.width, heads=self.heads,
-                       head_size=self.head_size, bytes_per_number=self.bytes_per_number,
-                       vocabulary=self.vocabulary, kv_heads=self.kv_heads,
-                       state_per_channel=self.state_per_channel)
-        if self.heads * self.head_size != self.width:
-            raise ValueError(f"heads * head_size must equal width, got {self.heads} * {self.head_size} "
-                             f"!= {self.width}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads must divide heads ({self.heads}), got {self.kv_heads}")
-
-    @property
-    def weights_per_layer(self) -> int:
-        """12 width² a layer: 4 width² for W_Q, W_K, W_V, W_O and 8 width² for a 4× feed-forward."""
-        return 12 * self.width ** 2
-
-    @property
-    def parameters(self) -> int:
-        """Every weight of the model."""
-        blocks = self.layers * self.weights_per_layer      # the attention and feed-forward matrices
-        embedding = self.vocabulary * self.width           # one table, tied with the output layer
-        norms = (2 * self.layers + 1) * self.width         # two norm vectors a layer, one at the end
-        return blocks + embedding + norms
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes that hold the weights."""
-        return self.parameters * self.bytes_per_number
 
 
 @dataclass(frozen=True)
@@ -443,98 +401,104 @@ class ExampleAccelerator:
 
 # ── saved from notebooks/01_costs.md by `make sync` (cells marked #@save): edit them there ──
 
-def mixes_positions(module: torch.nn.Module, args: tuple, kwargs: dict, position: int = 0) -> bool:
-    """Does `module` mix positions? Change its input at one position (args[0]: batch, n, ...),
-    run it again, and compare its output at every other position."""
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention. q (..., n, d); k, v (..., m, d).
+
+    `mask` (n, m) is False where a query may not look (a window in
+    Part 5, the future in a decoder).
+    """
+    tx.check_qkv(q, k, v, mask)
+    # scores (..., n, m): every query against every key, scaled by √d
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        # hidden pairs get weight 0: their score becomes −∞
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)   # each row: ≥ 0, sums to 1
+    return weights @ v                        # (..., n, d): mixed values
+
+
+def first_output(output):
+    """A module's main output: the tensor, or the first of a tuple."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def mixes_positions(module: torch.nn.Module, args: tuple, kwargs: dict,
+                    position: int = 0) -> bool:
+    """Does `module` mix positions? Change its input at one position
+    (args[0]: batch, n, ...), run it again, and compare its output at
+    every other position."""
     x = args[0]
     changed = x.clone()
     if x.is_floating_point():
-        changed[:, position] += 1.0                           # a different vector at `position`
-    else:
-        changed[:, position] = (x[:, position] + 1) % 100     # a different token id at `position`
+        changed[:, position] += 1.0     # another vector at `position`
+    else:                               # another token id at `position`
+        changed[:, position] = (x[:, position] + 1) % 100
     with torch.no_grad():
-        before = tx.first_output(module(*args, **kwargs))
-        after = tx.first_output(module(changed, *args[1:], **kwargs))
-    others = torch.arange(x.shape[1]) != position             # every position but the changed one
+        before = first_output(module(*args, **kwargs))
+        after = first_output(module(changed, *args[1:], **kwargs))
+    others = torch.arange(x.shape[1]) != position   # all but the changed
     return not torch.equal(before[:, others], after[:, others])
 
 
-class AttentionCount(NamedTuple):
-    """Multiply-adds of one self-attention layer, one head, split by where they come from."""
-    scores: int       # Q Kᵀ
-    mix: int          # softmax(·) V
-    projections: int  # x W_Q, x W_K, x W_V and the output W_O
+def module_calls(model: torch.nn.Module, inputs: dict,
+                 under: tuple = ("embeddings", "encoder")) -> dict:
+    """Run `inputs` through `model` once; for every operation under
+    `under`, keep (module, args, kwargs) of its first call. An operation
+    is a module without sub-modules (a linear map, a layer norm, an
+    activation) or a self-attention module, taken whole with its query,
+    key and value maps (its score-and-mix step is no module of its own)."""
+    calls, hooks = {}, []
 
-    @property
-    def core(self) -> int:
-        """The part that Table 1 counts, with its constant 2: scores and mix."""
-        return self.scores + self.mix
+    def keep(name):
+        def hook(module, args, kwargs, output):
+            # returns None: the output is left alone
+            calls.setdefault(name, (module, args, kwargs))
+        return hook
 
-
-def count_self_attention(n: int, d: int) -> AttentionCount:
-    """Multiply-adds of one self-attention layer of n positions and width d, from the shapes."""
-    tx.check_positive(n=n, d=d)
-    return AttentionCount(
-        scores=n * n * d,           # Q Kᵀ: n × n dot products of d numbers
-        mix=n * n * d,              # weights V: n rows, each a sum of n value vectors of d numbers
-        projections=4 * n * d * d,  # four d × d matrices applied to n vectors
-    )
-
-
-class RecurrentCount(NamedTuple):
-    """Multiply-adds of one recurrent layer h_t = tanh(x_t W + h_(t-1) U)."""
-    chain: int   # h_(t-1) U: the product that must wait for the previous step
-    input: int   # x_t W: the product that can be done for all positions at once
-
-
-def count_recurrent(n: int, d: int) -> RecurrentCount:
-    """Multiply-adds of one recurrent layer of n positions and width d, from the shapes."""
-    tx.check_positive(n=n, d=d)
-    return RecurrentCount(
-        chain=n * d * d,   # h U: one d × d product per position, one after another
-        input=n * d * d,   # x W: one d × d product per position, all at once
-    )
-
-
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Scaled dot-product attention: scores, softmax, mix. q (..., n, d); k, v (..., m, d).
-
-    `mask` (n, m) is False where a query may not look (a window in Part 5, the past in a decoder).
-    """
-    tx.check_qkv(q, k, v, mask)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # (..., n, m): every query, every key
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))       # hidden pairs get weight 0
-    weights = torch.softmax(scores, dim=-1)                     # each row sums to 1
-    return weights @ v                                          # (..., n, d): a mix of the values
-
-# ── end of the cells saved from notebooks/01_costs.md ──
+    whole = [name for name, module in model.named_modules()
+             if "SelfAttention" in type(module).__name__]
+    for name, module in model.named_modules():
+        # inside an attention module: counted with it
+        inside = any(name.startswith(f"{outer}.") for outer in whole)
+        operation = name in whole or not list(module.children())
+        if name.startswith(under) and not inside and operation:
+            hooks.append(module.register_forward_hook(keep(name),
+                                                      with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls
 
 
 def count_conv(n: int, d: int, k: int) -> int:
-    """Multiply-adds of one convolution of kernel width k, d channels in and out, n positions."""
-    check_positive(n=n, d=d, k=k)
-    return k * n * d * d   # each of n outputs mixes k input vectors, each with a d × d matrix
+    """Multiply-adds of one convolution of kernel width k, d channels in
+    and out, n positions."""
+    tx.check_positive(n=n, d=d, k=k)
+    return k * n * d * d   # n outputs, each k input vectors times a d × d
 
 
 def count_separable(n: int, d: int, k: int) -> int:
-    """Multiply-adds of a depthwise separable convolution: a window per channel, then a d × d mix."""
-    check_positive(n=n, d=d, k=k)
-    depthwise = k * n * d   # each channel has its own k weights: no mixing across channels
-    pointwise = n * d * d   # a 1 × 1 convolution mixes the d channels at each position
+    """Multiply-adds of a depthwise separable convolution: a window per
+    channel, then a d × d mix."""
+    tx.check_positive(n=n, d=d, k=k)
+    depthwise = k * n * d   # each channel its own k weights: no mixing
+    pointwise = n * d * d   # a 1 × 1 convolution mixes the d channels
     return depthwise + pointwise
 
 
 def count_restricted(n: int, d: int, r: int) -> int:
-    """Table 1's term for self-attention restricted to a neighbourhood of r positions."""
-    check_positive(n=n, d=d, r=r)
-    return r * n * d       # each of n queries compares itself with r keys of d numbers
+    """Table 1's term for self-attention restricted to r positions."""
+    tx.check_positive(n=n, d=d, r=r)
+    return r * n * d       # each of n queries against r keys of d numbers
 
 
 def table1_terms(n: int, d: int, k: int = 3, r: int = 16) -> dict[str, int]:
-    """The four complexity terms of Table 1, column 1, without their constants."""
-    check_positive(n=n, d=d, k=k, r=r)
+    """The four complexity terms of Table 1, column 1, no constants."""
+    tx.check_positive(n=n, d=d, k=k, r=r)
     return {
         "self-attention n²d": n * n * d,
         "recurrent nd²": n * d * d,
@@ -543,99 +507,240 @@ def table1_terms(n: int, d: int, k: int = 3, r: int = 16) -> dict[str, int]:
     }
 
 
+@tx.cli_table("Part 1 · Table 1, column 1: multiply-adds of one layer "
+              "(d = 512, k = 3, r = 16)")
+def cost_table(ns: Iterable[int] = (10, 27, 100, 512, 2048, 8192),
+               d: int = 512, k: int = 3, r: int = 16) -> pd.DataFrame:
+    """Table 1's terms for several lengths n; the work a window really
+    does, min(r, n)·n·d; and the ratio n/d of attention to recurrence."""
+    rows = {n: table1_terms(n, d, k, r) for n in ns}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    # a window cannot hold more positions than the sequence has
+    table["restricted min(r,n)nd"] = [
+        count_restricted(n, d, min(r, n)) for n in table.index]
+    table["ratio n/d"] = [n / d for n in table.index]
+    return table
+
+
+class AttentionCount(NamedTuple):
+    """Multiply-adds of one self-attention layer, one head, by source."""
+    scores: int       # Q Kᵀ
+    mix: int          # softmax(·) V
+    projections: int  # x W_Q, x W_K, x W_V and the output W_O
+
+    @property
+    def core(self) -> int:
+        """What Table 1 counts, with its constant 2: scores and mix."""
+        return self.scores + self.mix
+
+
+def count_self_attention(n: int, d: int) -> AttentionCount:
+    """Multiply-adds of one self-attention layer, n positions, width d."""
+    tx.check_positive(n=n, d=d)
+    return AttentionCount(
+        scores=n * n * d,           # Q Kᵀ: n × n dot products of d numbers
+        mix=n * n * d,              # n rows, each a sum of n values of d
+        projections=4 * n * d * d,  # four d × d matrices on n vectors
+    )
+
+
+class RecurrentCount(NamedTuple):
+    """Multiply-adds of one recurrent layer h_t = tanh(x_t W + h_(t-1) U).
+    """
+    chain: int   # h_(t-1) U: must wait for the previous step
+    input: int   # x_t W: can be done for all positions at once
+
+
+def count_recurrent(n: int, d: int) -> RecurrentCount:
+    """Multiply-adds of one recurrent layer, n positions, width d."""
+    tx.check_positive(n=n, d=d)
+    return RecurrentCount(
+        chain=n * d * d,   # h U: a d × d product a position, in a row
+        input=n * d * d,   # x W: a d × d product a position, all at once
+    )
+
+
 def flops(fn: Callable, *args) -> int:
-    """FLOPs that PyTorch's own counter sees when fn(*args) runs (2 FLOPs per multiply-add)."""
+    """FLOPs that PyTorch's own counter sees when fn(*args) runs
+    (2 FLOPs per multiply-add; softmax and elementwise work not counted)."""
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         fn(*args)
     return counter.get_total_flops()
 
 
-def measured_counts(n: int = 27, d: int = 512, k: int = 3, seed: int = 0) -> pd.DataFrame:
-    """Method 1 (counted from the shapes) against Method 2 (FlopCounterMode / 2) for each layer."""
-    check_positive(n=n, d=d, k=k)
+@tx.cli_table("Part 1 · Method 1 (shapes) against Method 2 "
+              "(FlopCounterMode), n = 27, d = 512")
+def measured_counts(n: int = 27, d: int = 512, k: int = 3,
+                    seed: int = 0) -> pd.DataFrame:
+    """Method 1 (counted from the shapes) against Method 2
+    (FlopCounterMode / 2), for each part of each layer."""
+    tx.check_positive(n=n, d=d, k=k)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g)
-    Wq, Wk, Wv, Wo, W, U = (torch.randn(d, d, generator=g) / math.sqrt(d) for _ in range(6))
+    Wq, Wk, Wv, Wo, W, U = (torch.randn(d, d, generator=g) / math.sqrt(d)
+                            for _ in range(6))
     conv = torch.nn.Conv1d(d, d, k, padding="same", bias=False)
-    depthwise = torch.nn.Conv1d(d, d, k, padding="same", groups=d, bias=False)
+    depthwise = torch.nn.Conv1d(d, d, k, padding="same", groups=d,
+                                bias=False)
     pointwise = torch.nn.Conv1d(d, d, 1, bias=False)
     xc = x.T.unsqueeze(0)   # Conv1d wants (batch, channels, positions)
     attention, recurrent = count_self_attention(n, d), count_recurrent(n, d)
     q, kk, v = x @ Wq, x @ Wk, x @ Wv
     rows = [  # (part of the layer, Method 1, Method 2 in FLOPs)
-        ("self-attention core", attention.core, flops(attention_core, q, kk, v)),
+        ("self-attention core", attention.core,
+         flops(attention_core, q, kk, v)),
         ("self-attention projections", attention.projections,
          flops(lambda: (x @ Wq, x @ Wk, x @ Wv, x @ Wo))),
-        ("recurrent chain", recurrent.chain, flops(recurrent_chain, x @ W, U)),
+        ("recurrent chain", recurrent.chain,
+         flops(tx.recurrent_chain, x @ W, U)),
         ("recurrent input", recurrent.input, flops(lambda: x @ W)),
         ("convolution", count_conv(n, d, k), flops(conv, xc)),
-        ("separable convolution", count_separable(n, d, k), flops(lambda: pointwise(depthwise(xc)))),
+        ("separable convolution", count_separable(n, d, k),
+         flops(lambda: pointwise(depthwise(xc)))),
     ]
-    table = pd.DataFrame(rows, columns=["layer part", "counted", "counter FLOPs"]).set_index("layer part")
-    table["counter / 2"] = table["counter FLOPs"] // 2     # the counter counts 2 FLOPs per multiply-add
+    table = pd.DataFrame(rows, columns=["layer part", "counted", "flops"])
+    table = table.set_index("layer part")
+    # the counter counts 2 FLOPs per multiply-add
+    table["counter / 2"] = table.pop("flops") // 2
     table["equal"] = table["counted"] == table["counter / 2"]
-    return table.drop(columns="counter FLOPs")
-
-
-@cli_table("Part 1 · Table 1, column 1: multiply-adds of one layer (d = 512, k = 3, r = 16)")
-def cost_table(ns: Iterable[int] = (10, 27, 100, 512, 2048, 8192), d: int = 512, k: int = 3,
-               r: int = 16) -> pd.DataFrame:
-    """The Table 1 terms for several lengths n, and the ratio n/d of attention to recurrence."""
-    rows = {n: table1_terms(n, d, k, r) for n in ns}
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "n"
-    table["ratio n/d"] = [n / d for n in table.index]
     return table
 
 
-@cli_table("Part 1 · Method 1 (shapes) against Method 2 (FlopCounterMode), n = 27, d = 512")
-def _measured_counts_table() -> pd.DataFrame:
-    """The count-against-counter table at the book's 27 tokens (for the command line)."""
-    return measured_counts()
-
-
 def hand_check(n: int, d: int) -> dict[str, int]:
-    """Seed 002's count by hand: both attention products against both recurrent products."""
-    check_positive(n=n, d=d)
+    """Both attention products against both recurrent products."""
+    tx.check_positive(n=n, d=d)
     return {
-        "attention grid 2n²d": count_self_attention(n, d).core,                    # QKᵀ and weights V
-        "recurrence 2nd²": sum(count_recurrent(n, d)),                              # h U and x W
+        # QKᵀ and weights·V
+        "attention grid 2n²d": count_self_attention(n, d).core,
+        # h U and x W
+        "recurrence 2nd²": sum(count_recurrent(n, d)),
     }
 
 
+#: Six English sentences, short to long: ours, not the paper's test set.
+SENTENCES = (
+    "The cat sat on the mat.",
+    "Attention is all you need.",
+    "The agreement on the European Economic Area was signed in August "
+    "1992.",
+    "Self-attention layers are faster than recurrent layers when the "
+    "sequence length is smaller than the representation dimensionality.",
+    "Learning long-range dependencies is a key challenge in many sequence "
+    "transduction tasks, and one key factor is the length of the paths "
+    "signals have to traverse.",
+    "The Transformer allows for significantly more parallelization and can "
+    "reach a new state of the art in translation quality after being "
+    "trained for as little as twelve hours on eight GPUs.",
+)
+
+
+def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES,
+                     d: int = 512) -> pd.DataFrame:
+    """Tokens (special tokens included), words and n/d, a sentence each."""
+    tx.check_positive(d=d)
+    rows = []
+    for text in sentences:
+        # [CLS] … [SEP] included, as the model sees it
+        n = len(tokenizer(text)["input_ids"])
+        rows.append({"tokens n": n, "words": len(text.split()),
+                     "n/d": n / d, "sentence": text})
+    table = pd.DataFrame(rows)
+    table.index = range(1, len(table) + 1)
+    table.index.name = "sentence"
+    return table
+
+
+@dataclass(frozen=True)
+class ExampleModel:
+    """A stated decoder model: no real product, but every number of the
+    companion articles follows from it."""
+    layers: int = 24
+    width: int = 1024
+    heads: int = 16
+    head_size: int = 64
+    bytes_per_number: int = 2
+    vocabulary: int = 32_768
+    # heads that keep their own keys and values (16 = every head; Part 6)
+    kv_heads: int = 16
+    # numbers a state-space layer keeps for each channel (Part 7)
+    state_per_channel: int = 16
+
+    def __post_init__(self):
+        tx.check_positive(
+            layers=self.layers, width=self.width, heads=self.heads,
+            head_size=self.head_size, vocabulary=self.vocabulary,
+            bytes_per_number=self.bytes_per_number, kv_heads=self.kv_heads,
+            state_per_channel=self.state_per_channel)
+        if self.heads * self.head_size != self.width:
+            raise ValueError(
+                f"heads * head_size must equal width, got {self.heads} * "
+                f"{self.head_size} != {self.width}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads must divide heads ({self.heads}), "
+                             f"got {self.kv_heads}")
+
+    @property
+    def weights_per_layer(self) -> int:
+        """12 width² a layer."""
+        attention = 4 * self.width ** 2      # W_Q, W_K, W_V, W_O
+        feed_forward = 8 * self.width ** 2   # width → 4 width → width
+        return attention + feed_forward
+
+    @property
+    def parameters(self) -> int:
+        """Every weight of the model."""
+        # the attention and feed-forward matrices
+        blocks = self.layers * self.weights_per_layer
+        # one table, tied with the output layer
+        embedding = self.vocabulary * self.width
+        # two norm gain vectors a layer, one at the end
+        norms = (2 * self.layers + 1) * self.width
+        return blocks + embedding + norms
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes that hold the weights."""
+        return self.parameters * self.bytes_per_number
+
+
 def count_pairs(n: int, model: ExampleModel = ExampleModel()) -> float:
-    """Multiply-adds on pairs of positions in one causal layer of the example model."""
-    check_positive(n=n)
-    causal_pairs = n * n / 2                   # each position compares itself with those before it
-    return causal_pairs * 2 * model.width      # a score and a mix, each over the full width
+    """Multiply-adds on pairs of positions in one causal layer."""
+    tx.check_positive(n=n)
+    causal_pairs = n * n / 2               # each with those before it
+    return causal_pairs * 2 * model.width  # a score and a mix, full width
 
 
 def count_weights(n: int, model: ExampleModel = ExampleModel()) -> int:
-    """Multiply-adds with the weights in one layer of the example model."""
-    check_positive(n=n)
-    return n * model.weights_per_layer         # every position meets every weight once
+    """Multiply-adds with the weights in one layer."""
+    tx.check_positive(n=n)
+    return n * model.weights_per_layer     # every position, every weight
 
 
 def crossing_length(model: ExampleModel = ExampleModel()) -> int:
-    """The length at which pair work equals weight work: n²·width = 12·n·width², so n = 12·width."""
+    """Where pair work equals weight work: n²·width = 12·n·width²."""
     return model.weights_per_layer // model.width
 
 
 def pair_share(n: int, model: ExampleModel = ExampleModel()) -> float:
-    """The share of one layer's multiply-adds spent on pairs of positions."""
+    """The share of one layer's multiply-adds spent on pairs."""
     pairs = count_pairs(n, model)
     return pairs / (pairs + count_weights(n, model))
 
 
-@cli_table("Part 1 · the example model: work on pairs against work with weights, one layer")
+@tx.cli_table("Part 1 · the example model: work on pairs against work "
+              "with weights, one layer")
 def share_table(ns: Iterable[int] = (1024, 8192, 12288, 131072),
                 model: ExampleModel = ExampleModel()) -> pd.DataFrame:
-    """Pair work, weight work and the pairs' share of a layer, for several lengths."""
-    rows = {n: {"pair work": int(count_pairs(n, model)), "weight work": count_weights(n, model),
+    """Pair work, weight work and the pairs' share of a layer."""
+    rows = {n: {"pair work": int(count_pairs(n, model)),
+                "weight work": count_weights(n, model),
                 "pairs' share": pair_share(n, model)} for n in ns}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "tokens"
     return table
+
+# ── end of the cells saved from notebooks/01_costs.md ──
 
 
 def minilm_dir() -> Path:
@@ -657,65 +762,6 @@ def load_tokenizer(name_or_dir: str | Path | None = None):
     return AutoTokenizer.from_pretrained(str(name_or_dir or minilm_dir()))
 
 
-def first_output(output):
-    """A module's main output: the tensor itself, or the first element of a tuple of outputs."""
-    return output[0] if isinstance(output, (tuple, list)) else output
-
-
-def module_calls(model: torch.nn.Module, inputs: dict,
-                 under: tuple[str, ...] = ("embeddings", "encoder")) -> dict:
-    """Run `inputs` through `model` once; for every operation under `under`, keep (module, args,
-    kwargs) of its first call. An operation is a module without sub-modules (a linear map, a
-    layer norm, an activation) or a self-attention module, taken whole with its query, key and
-    value maps (its score-and-mix step is not a module of its own)."""
-    calls, hooks = {}, []
-
-    def keep(name):
-        def hook(module, args, kwargs, output):
-            calls.setdefault(name, (module, args, kwargs))   # returns None: the output is left alone
-        return hook
-
-    whole = [name for name, module in model.named_modules() if "SelfAttention" in type(module).__name__]
-    for name, module in model.named_modules():
-        inside = any(name.startswith(f"{outer}.") for outer in whole)   # counted with its attention
-        if name.startswith(under) and not inside and (name in whole or not list(module.children())):
-            hooks.append(module.register_forward_hook(keep(name), with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return calls
-
-
-#: Six English sentences, short to long. Our own choice, not the paper's test set.
-SENTENCES = (
-    "The cat sat on the mat.",
-    "Attention is all you need.",
-    "The agreement on the European Economic Area was signed in August 1992.",
-    "Self-attention layers are faster than recurrent layers when the sequence length is smaller "
-    "than the representation dimensionality.",
-    "Learning long-range dependencies is a key challenge in many sequence transduction tasks, and "
-    "one key factor is the length of the paths signals have to traverse.",
-    "The Transformer allows for significantly more parallelization and can reach a new state of the "
-    "art in translation quality after being trained for as little as twelve hours on eight GPUs.",
-)
-
-
-def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 512) -> pd.DataFrame:
-    """Tokens (with the tokenizer's special tokens), words and n/d for each sentence."""
-    check_positive(d=d)
-    rows = []
-    for text in sentences:
-        n = len(tokenizer(text)["input_ids"])   # [CLS] … [SEP] included, as the model sees it
-        rows.append({"tokens n": n, "words": len(text.split()), "n/d": n / d, "sentence": text})
-    table = pd.DataFrame(rows)
-    table.index = range(1, len(table) + 1)
-    table.index.name = "sentence"
-    return table
-
-
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 # Part 2 · 02_sequential_steps (Table 1, column 2)
 # ═══════════════════════════════════════════════════════════════════════════════════════════
@@ -724,78 +770,36 @@ def sentence_lengths(tokenizer, sentences: Iterable[str] = SENTENCES, d: int = 5
 # ── saved from notebooks/02_sequential_steps.md by `make sync` (cells marked #@save): edit them there ──
 
 def node_depths(root) -> dict:
-    """The depth of every node of an autograd graph under `root`: 1 + the depth of its deepest parent."""
+    """The depth of every node of an autograd graph under `root`:
+    1 + the depth of its deepest parent."""
     depth, stack = {}, [(root, False)]
     while stack:
         node, parents_done = stack.pop()
-        if node in depth:                                   # measured already: shared by two paths
+        if node in depth:            # measured already: shared by two paths
             continue
-        parents = [p for p, _ in node.next_functions if p is not None]   # the operations it used
-        if parents_done:                                    # every parent measured: one link more
+        # the operations whose results it used
+        parents = [p for p, _ in node.next_functions if p is not None]
+        if parents_done:             # every parent measured: one link more
             depth[node] = 1 + max((depth[p] for p in parents), default=0)
-        else:                                               # come back after the parents
+        else:                        # come back after the parents
             stack.append((node, True))
             stack.extend((p, False) for p in parents if p not in depth)
     return depth
 
 
 def graph_depth(t: torch.Tensor) -> int:
-    """The longest chain of operations from `t` back to its leaves: the steps that must wait."""
+    """The longest chain of operations from `t` back to its leaves:
+    the steps that must wait."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
-    if t.grad_fn is None:                                   # no operation made t
+    if t.grad_fn is None:            # no operation made t
         return 0
     return node_depths(t.grad_fn)[t.grad_fn]
 
 
-def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor, Wk: torch.Tensor,
-                         Wv: torch.Tensor) -> torch.Tensor:
-    """Self-attention without its output projection W^O, one head: the three projections, then the core. x: (n, d)."""
-    return tx.attention_core(x @ Wq, x @ Wk, x @ Wv)   # queries, keys, values: three large products
-
-
-def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """The part of a recurrent layer that must wait: h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
-    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
-        raise ValueError(f"xw must be (n, d) and U (d, d), got {tuple(xw.shape)} and {tuple(U.shape)}")
-    h = xw.new_zeros(xw.shape[1])            # the memory before the first position
-    for t in range(xw.shape[0]):             # step t needs h_(t-1): the steps cannot overlap
-        h = torch.tanh(xw[t] + h @ U)        # this position's input plus the memory, squashed
-    return h
-
-
-def recurrent_layer(x: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """A whole recurrent layer: x W for every position at once, then the chain. Returns h_n."""
-    return recurrent_chain(x @ W, U)         # one large product, then n small ones in a row
-
-
-def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
-    """Time the same n·d² multiply-adds two ways: one product x U, and the n-step chain
-    h ← tanh(x_i + h U). Milliseconds, each the median of its timed runs after a warm-up run
-    (a chain of 50 ms or more is timed once), and their ratio."""
-    with torch.no_grad():
-        product = tx.time_call(torch.matmul, x, U)["median"]               # every position at once
-        chain = tx.time_call(recurrent_chain, x, U, min_runs=1)["median"]  # n in a row
-    return {"product ms": 1e3 * product, "chain ms": 1e3 * chain,
-            "chain / product": chain / product}                            # the price of waiting
-
-
-def forward_passes(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> tuple[int, torch.Tensor]:
-    """Write `new_tokens` tokens greedily with transformers' `generate`; count the forward passes."""
-    passes = []
-    hook = model.register_forward_hook(lambda *_: passes.append(1))   # called once per forward pass
-    try:
-        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, use_cache=use_cache)   # greedy, exactly new_tokens
-    finally:
-        hook.remove()
-    return len(passes), out[0, prompt.shape[1]:]                    # the passes, the written tokens
-
-# ── end of the cells saved from notebooks/02_sequential_steps.md ──
-
-
 def longest_chain(t: torch.Tensor) -> list[str]:
-    """The names of the operations on one longest chain, from `t` back to a leaf."""
+    """The names of the operations on one longest chain, from `t` back
+    to a leaf."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"t must be a tensor, got {type(t).__name__}")
     if t.grad_fn is None:
@@ -805,109 +809,259 @@ def longest_chain(t: torch.Tensor) -> list[str]:
     while node is not None:
         names.append(type(node).__name__)
         parents = [p for p, _ in node.next_functions if p is not None]
-        node = max(parents, key=depth.__getitem__, default=None)   # a deepest parent
+        # a deepest parent
+        node = max(parents, key=depth.__getitem__, default=None)
     return names
 
 
-def random_weights(count: int, d: int, seed: int = 0, requires_grad: bool = False,
+def self_attention_layer(x: torch.Tensor, Wq: torch.Tensor,
+                         Wk: torch.Tensor,
+                         Wv: torch.Tensor) -> torch.Tensor:
+    """Self-attention without its output projection W^O, one head: the
+    three projections, then the core. x: (n, d)."""
+    # queries, keys, values: three large products
+    return tx.attention_core(x @ Wq, x @ Wk, x @ Wv)
+
+
+def recurrent_chain(xw: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """The part of a recurrent layer that must wait:
+    h_t = tanh(xw_t + h_(t-1) U). Returns h_n."""
+    if xw.dim() != 2 or U.shape != (xw.shape[1], xw.shape[1]):
+        raise ValueError(f"xw must be (n, d) and U (d, d), got "
+                         f"{tuple(xw.shape)} and {tuple(U.shape)}")
+    h = xw.new_zeros(xw.shape[1])       # the memory before position 1
+    for t in range(xw.shape[0]):        # step t needs h_(t-1): in a row
+        h = torch.tanh(xw[t] + h @ U)   # input plus memory, squashed
+    return h
+
+
+def recurrent_layer(x: torch.Tensor, W: torch.Tensor,
+                    U: torch.Tensor) -> torch.Tensor:
+    """A whole recurrent layer: x W for every position at once, then
+    the chain. Returns h_n."""
+    return recurrent_chain(x @ W, U)    # one large product, n small ones
+
+
+def random_weights(count: int, d: int, seed: int = 0,
+                   requires_grad: bool = False,
                    device: str = "cpu") -> list[torch.Tensor]:
-    """`count` random d × d matrices, scaled by 1/√d so that a product keeps the size of its input."""
-    check_positive(count=count, d=d)
+    """`count` random d × d matrices, scaled by 1/√d so that a product
+    keeps the size of its input."""
+    tx.check_positive(count=count, d=d)
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(d, d, generator=g) / math.sqrt(d)).to(device).requires_grad_(requires_grad)
-            for _ in range(count)]
+    return [(torch.randn(d, d, generator=g) / math.sqrt(d)).to(device)
+            .requires_grad_(requires_grad) for _ in range(count)]
 
 
-@cli_table("Part 2 · Table 1, column 2: the longest chain in the autograd graph (d = 64)")
-def depth_table(ns: Iterable[int] = (4, 16, 64, 256), d: int = 64, seed: int = 0) -> pd.DataFrame:
-    """The longest chain of one self-attention layer and one recurrent layer, for several lengths."""
-    check_positive(d=d)
-    Wq, Wk, Wv, W, U = random_weights(5, d, seed, requires_grad=True)   # weights record the graph
+@tx.cli_table("Part 2 · Table 1, column 2: the longest chain in the "
+              "autograd graph (d = 64)")
+def depth_table(ns: Iterable[int] = (4, 16, 64, 256), d: int = 64,
+                seed: int = 0) -> pd.DataFrame:
+    """The longest chain of one self-attention layer and one recurrent
+    layer, for several lengths."""
+    tx.check_positive(d=d)
+    # weights that require gradients, so that PyTorch records the graph
+    Wq, Wk, Wv, W, U = random_weights(5, d, seed, requires_grad=True)
     g = torch.Generator().manual_seed(seed)
     rows = {}
     for n in ns:
-        check_positive(n=n)
+        tx.check_positive(n=n)
         x = torch.randn(n, d, generator=g)
-        rows[n] = {"self-attention": graph_depth(self_attention_layer(x, Wq, Wk, Wv)),
+        attention = self_attention_layer(x, Wq, Wk, Wv)
+        rows[n] = {"self-attention": graph_depth(attention),
                    "recurrent": graph_depth(recurrent_layer(x, W, U))}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
-    table["recurrent / n"] = table["recurrent"] // table.index   # graph nodes per recurrent step
+    # graph nodes per recurrent step
+    table["recurrent / n"] = table["recurrent"] // table.index
     return table
 
 
 def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
-              min_time: float = 0.05, warmup: bool = True) -> dict[str, float]:
+              min_time: float = 0.05,
+              warmup: bool = True) -> dict[str, float]:
     """Wall time of fn(*args): one warm-up run, then timed runs; seconds.
 
-    Runs at least `min_runs` times and until `min_time` seconds have passed (at most
-    `max_runs`). Like torch.utils.benchmark, it switches off the garbage collector while it
-    times and waits for a GPU to finish its work before it reads the clock (its own harness,
-    because the Timer of torch.utils.benchmark repeats every timed run twice as a warm-up,
-    which triples the cost of the slow cases). `warmup=False` counts the first run too: for a
-    long chain of small steps, whose first steps warm it up. Returns the median, the quartiles
-    and the runs.
+    Runs at least `min_runs` times and until `min_time` seconds have
+    passed (at most `max_runs`). Like torch.utils.benchmark, it switches
+    off the garbage collector while it times and waits for a GPU to
+    finish before it reads the clock (its own harness, because the Timer
+    of torch.utils.benchmark repeats every timed run twice as a warm-up,
+    which triples the cost of the slow cases). `warmup=False` counts the
+    first run too: for a long chain of small steps, whose first steps
+    warm it up. Returns the median, the quartiles and the runs.
     """
     import gc
     import timeit
 
-    check_positive(min_runs=min_runs, max_runs=max_runs)
+    tx.check_positive(min_runs=min_runs, max_runs=max_runs)
     if not min_time >= 0:
-        raise ValueError(f"min_time must be a non-negative number of seconds, got {min_time!r}")
-    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
-    wait = torch.cuda.synchronize if on_gpu else (lambda: None)     # a GPU runs asynchronously
+        raise ValueError(f"min_time must be a non-negative number of "
+                         f"seconds, got {min_time!r}")
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda"
+                 for a in args)
+    # a GPU runs asynchronously: wait for it before reading the clock
+    wait = torch.cuda.synchronize if on_gpu else (lambda: None)
 
     def once() -> float:
-        wait()                                              # nothing left over from before
+        wait()                          # nothing left over from before
         start = timeit.default_timer()
         fn(*args)
-        wait()                                              # a GPU runs asynchronously
+        wait()
         return timeit.default_timer() - start
 
     collecting = gc.isenabled()
     gc.disable()
     try:
-        first = once()                                      # warm-up: caches, allocations
-        runs = min(max_runs, max(min_runs, math.ceil(min_time / max(first, 1e-9))))
-        timed = [] if warmup else [first]                   # without a warm-up, the first run counts
+        first = once()                  # warm-up: caches, allocations
+        runs = min(max_runs,
+                   max(min_runs, math.ceil(min_time / max(first, 1e-9))))
+        # without a warm-up, the first run counts
+        timed = [] if warmup else [first]
         timed += [once() for _ in range(runs - len(timed))]
         times = torch.tensor(timed, dtype=torch.float64)
     finally:
         if collecting:
             gc.enable()
-    q1, median, q3 = torch.quantile(times, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
-    return {"median": median.item(), "q1": q1.item(), "q3": q3.item(), "runs": runs}
+    quartiles = torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)
+    q1, median, q3 = torch.quantile(times, quartiles).tolist()
+    return {"median": median, "q1": q1, "q3": q3, "runs": runs}
 
 
-def wall_time_table(ns: Iterable[int] = (16, 64, 256, 1024, 4096), d: int = 512, seed: int = 0,
-                    device: str = "cpu", min_time: float = 0.05) -> pd.DataFrame:
-    """Milliseconds for one self-attention step (with projections) and one recurrent loop.
-
-    Median of several runs after a warm-up, the first and third quartiles (q1, q3) and the
-    spread between them (q3 - q1). The attention step is a few large products (one head, no
-    output projection); the loop is x W at once, then n small steps, one after another.
-    """
-    check_positive(d=d)
+def wall_time_table(ns: Iterable[int] = (16, 64, 256, 1024, 4096),
+                    d: int = 512, seed: int = 0, device: str = "cpu",
+                    min_time: float = 0.05) -> pd.DataFrame:
+    """Milliseconds for one self-attention step (with projections) and
+    one recurrent loop: the median of the timed runs, the quartiles
+    (q1, q3) and the spread between them (q3 - q1). The attention step
+    is a few large products (one head, no output projection); the loop
+    is x W at once, then n small steps, one after another."""
+    tx.check_positive(d=d)
     Wq, Wk, Wv, W, U = random_weights(5, d, seed, device=device)
     g = torch.Generator().manual_seed(seed)
     rows = {}
     with torch.no_grad():
         for n in ns:
-            check_positive(n=n)
+            tx.check_positive(n=n)
             x = torch.randn(n, d, generator=g).to(device)
-            attention = time_call(self_attention_layer, x, Wq, Wk, Wv, min_time=min_time)
-            loop = time_call(recurrent_layer, x, W, U, min_time=min_time)
-            rows[n] = {"attention ms": 1e3 * attention["median"],
-                       "attention spread ms": 1e3 * (attention["q3"] - attention["q1"]),
-                       "attention runs": attention["runs"],
-                       "loop ms": 1e3 * loop["median"],
-                       "loop spread ms": 1e3 * (loop["q3"] - loop["q1"]),
-                       "loop runs": loop["runs"],
-                       "attention q1 ms": 1e3 * attention["q1"], "attention q3 ms": 1e3 * attention["q3"],
-                       "loop q1 ms": 1e3 * loop["q1"], "loop q3 ms": 1e3 * loop["q3"]}
+            cases = {"attention": (self_attention_layer, x, Wq, Wk, Wv),
+                     "loop": (recurrent_layer, x, W, U)}
+            row = {}
+            for name, (fn, *args) in cases.items():
+                t = time_call(fn, *args, min_time=min_time)
+                row[f"{name} ms"] = 1e3 * t["median"]
+                row[f"{name} spread ms"] = 1e3 * (t["q3"] - t["q1"])
+                row[f"{name} runs"] = t["runs"]
+                row[f"{name} q1 ms"] = 1e3 * t["q1"]
+                row[f"{name} q3 ms"] = 1e3 * t["q3"]
+            rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
+
+
+def independent_steps(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """n steps tanh(x_i + x_i U), one at a time, none waiting for another:
+    the chain's operations without its dependency."""
+    for t in range(x.shape[0]):    # could run in any order, or at once
+        out = torch.tanh(x[t] + x[t] @ U)
+    return out
+
+
+def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
+    """Time the same n·d² multiply-adds three ways: one product x U, n
+    independent steps, and the n-step chain h ← tanh(x_i + h U).
+    Milliseconds, each the median of its timed runs after a warm-up
+    run (a case of 50 ms or more is timed once), and their ratios."""
+    with torch.no_grad():
+        # every position at once
+        product = time_call(torch.matmul, x, U)["median"]
+        # n small products, free to run in any order
+        steps = time_call(independent_steps, x, U, min_runs=1)["median"]
+        # n small products in a row
+        chain = time_call(recurrent_chain, x, U, min_runs=1)["median"]
+    return {"product ms": 1e3 * product, "steps ms": 1e3 * steps,
+            "chain ms": 1e3 * chain,
+            "steps / product": steps / product,   # unbatched execution
+            "chain / steps": chain / steps,       # the dependency itself
+            "chain / product": chain / product}   # both together
+
+
+def recorded_tables(record: dict | None = None
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The recorded wall times and waiting-isolated times as two tables,
+    by n (milliseconds). `record`: tx.RECORDED_H200 unless given."""
+    record = record or tx.RECORDED_H200
+    names = {"gpu": "GPU", "cpu16": f"{record['cpu_threads']} threads",
+             "cpu1": "1 thread"}
+
+    def table(rows: dict, where: tuple, what: tuple) -> pd.DataFrame:
+        """One column per (machine, quantity), one row per n."""
+        return pd.DataFrame({
+            f"{names[w]} {q}": {n: row[w][i] for n, row in rows.items()}
+            for w in where for i, q in enumerate(what)})
+
+    wall = table(record["wall_time"], ("gpu", "cpu16", "cpu1"),
+                 ("attention ms", "loop ms"))
+    waiting = table(record["waiting_isolated"], ("gpu", "cpu16"),
+                    ("product ms", "chain ms"))
+    for where in ("gpu", "cpu16"):
+        name = names[where]
+        chain = waiting[f"{name} chain ms"]
+        waiting[f"{name} chain / product"] = (
+            chain / waiting[f"{name} product ms"])
+    wall.index.name = waiting.index.name = "n"
+    return wall, waiting
+
+
+def waiting_time(steps: int, seconds_per_step: float) -> float:
+    """Seconds that `steps` steps take, each waiting for the one before."""
+    tx.check_positive(steps=steps)
+    tx.check_positive_number(seconds_per_step=seconds_per_step)
+    return steps * seconds_per_step          # no overlap: the times add up
+
+
+@tx.cli_table("Part 2 · the arithmetic of waiting: steps that cannot "
+              "overlap, at a stated 20 µs a step")
+def waiting_table(tokens: int = 2048, layers: int = 24,
+                  seconds_per_step: float = 20e-6) -> pd.DataFrame:
+    """A recurrent network reads `tokens` positions one by one; a
+    transformer runs its `layers` layers one by one."""
+    rows = {design: {"steps": steps,
+                     "ms": 1e3 * waiting_time(steps, seconds_per_step)}
+            for design, steps in [("recurrent network", tokens),
+                                  ("transformer", layers)]}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "design"
+    return table
+
+
+def time_slots(positions: int, parallel: bool) -> torch.Tensor:
+    """Grid of (time slot, position): True where that position is worked
+    on in that slot. A recurrent layer works on one position a slot;
+    attention on all of them in one slot."""
+    tx.check_positive(positions=positions)
+    if parallel:             # one slot, every position
+        return torch.ones(1, positions, dtype=torch.bool)
+    return torch.eye(positions, dtype=torch.bool)   # slot t: position t
+
+
+def forward_passes(model, prompt: torch.Tensor, new_tokens: int,
+                   use_cache: bool) -> tuple[int, torch.Tensor]:
+    """Write `new_tokens` tokens greedily with transformers' `generate`;
+    count the forward passes. Returns the passes and the written tokens."""
+    passes = []
+    # called once per forward pass
+    hook = model.register_forward_hook(lambda *_: passes.append(1))
+    try:   # greedy, exactly new_tokens
+        out = model.generate(prompt, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False,
+                             use_cache=use_cache)
+    finally:
+        hook.remove()
+    return len(passes), out[0, prompt.shape[1]:]
+
+# ── end of the cells saved from notebooks/02_sequential_steps.md ──
 
 
 @cli_table("Part 2 · wall time on this machine, 1 thread, d = 512 (ms; the book goes on to n = 4,096)")
@@ -950,50 +1104,6 @@ RECORDED_H200 = {
         4096: {"gpu": (0.06528899999835858, 103.9944730000002), "cpu16": (1.7219669999946063, 82.91254699999939)},
     },
 }
-
-
-def recorded_tables(record: dict = RECORDED_H200) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The recorded wall times and waiting-isolated times as two tables, by n (milliseconds)."""
-    names = {"gpu": "GPU", "cpu16": f"{record['cpu_threads']} threads", "cpu1": "1 thread"}
-    wall = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in record["wall_time"].items()}
-                         for where in ("gpu", "cpu16", "cpu1") for i, what in enumerate(("attention ms", "loop ms"))})
-    isolated = record["waiting_isolated"]
-    waiting = pd.DataFrame({f"{names[where]} {what}": {n: row[where][i] for n, row in isolated.items()}
-                            for where in ("gpu", "cpu16") for i, what in enumerate(("product ms", "chain ms"))})
-    for where in ("gpu", "cpu16"):
-        name = names[where]
-        waiting[f"{name} chain / product"] = waiting[f"{name} chain ms"] / waiting[f"{name} product ms"]
-    wall.index.name = waiting.index.name = "n"
-    return wall, waiting
-
-
-def waiting_time(steps: int, seconds_per_step: float) -> float:
-    """Seconds that `steps` steps take when each must wait for the one before."""
-    check_positive(steps=steps)
-    if not seconds_per_step > 0:
-        raise ValueError(f"seconds_per_step must be positive, got {seconds_per_step!r}")
-    return steps * seconds_per_step          # no overlap: the times add up
-
-
-@cli_table("Part 2 · the arithmetic of waiting: steps that cannot overlap, at a stated 20 µs a step")
-def waiting_table(tokens: int = 2048, layers: int = 24, seconds_per_step: float = 20e-6) -> pd.DataFrame:
-    """A recurrent network reads `tokens` positions one by one; a transformer runs `layers` layers."""
-    rows = {"recurrent network": {"steps": tokens, "ms": 1e3 * waiting_time(tokens, seconds_per_step)},
-            "transformer": {"steps": layers, "ms": 1e3 * waiting_time(layers, seconds_per_step)}}
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "design"
-    return table
-
-
-def time_slots(positions: int, parallel: bool) -> torch.Tensor:
-    """Grid of (time slot, position): True where that position is worked on in that slot.
-
-    A recurrent layer works on one position per slot; attention on all of them in one slot.
-    """
-    check_positive(positions=positions)
-    if parallel:
-        return torch.ones(1, positions, dtype=torch.bool)       # one slot, every position
-    return torch.eye(positions, dtype=torch.bool)               # slot t holds position t only
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════

@@ -74,6 +74,23 @@ def test_cost_table_rows_and_ratio():
     assert table.loc[9, "convolution knd²"] == 5 * 9 * 36
     assert table.loc[9, "restricted rnd"] == 2 * 9 * 6
     assert table.loc[3, "ratio n/d"] == 0.5
+    assert table.loc[9, "restricted min(r,n)nd"] == table.loc[9, "restricted rnd"]   # n ≥ r
+
+
+def test_a_window_wider_than_the_sequence_does_full_attention_work():
+    """r > n: Table 1's r·n·d exceeds n²d, but the window holds only the n positions there are."""
+    table = tx.cost_table(ns=(3, 10), d=6, k=3, r=16)
+    assert table.loc[10, "restricted rnd"] == 16 * 10 * 6 > table.loc[10, "self-attention n²d"]
+    for n in (3, 10):
+        assert table.loc[n, "restricted min(r,n)nd"] == table.loc[n, "self-attention n²d"]
+
+
+def test_attention_core_matches_sdpa_and_its_rows_sum_to_one():
+    q, k, v = torch.randn(3, 2, 5, 8)
+    mask = torch.tril(torch.ones(5, 5, dtype=torch.bool))
+    for m in (None, mask):
+        reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        assert torch.allclose(tx.attention_core(q, k, v, m), reference, atol=1e-6)
 
 
 def test_hand_check_is_twice_each_term():

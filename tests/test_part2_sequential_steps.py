@@ -200,7 +200,7 @@ def test_price_of_waiting_times_both_ways():
 
 
 def test_price_of_waiting_warms_up_both_ways(monkeypatch):
-    """The product and the chain each get a warm-up run before the runs that are timed."""
+    """The product, the independent steps and the chain each get a warm-up run first."""
     seen = []
     real = tx.time_call
 
@@ -210,7 +210,7 @@ def test_price_of_waiting_warms_up_both_ways(monkeypatch):
 
     monkeypatch.setattr(tx, "time_call", spy)
     tx.price_of_waiting(torch.randn(4, 8), tx.random_weights(1, 8)[0])
-    assert seen == [True, True]
+    assert seen == [True, True, True]              # product, steps, chain
 
 
 def test_restricted_attention_depth_is_the_same_at_every_length():
@@ -250,3 +250,71 @@ def test_generation_takes_one_forward_pass_per_token():
     for use_cache in (True, False):
         passes, tokens = tx.forward_passes(model, prompt, 5, use_cache=use_cache)
         assert passes == len(tokens) == 5
+
+
+# ── Part 2 alone on other machines: the number check and the sentences that follow the facts ──
+
+def _run_on_machine(path: str, facts: str) -> str:
+    """Execute one notebook alone (as tests/test_standalone.py does), with the machine facts
+    `facts` (JSON) in the kernel's environment; the executed notebook as JSON, or the error."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    import book
+
+    os.environ.pop("MPLBACKEND", None)
+    os.environ.update({tx.MACHINE_ENV: facts, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / Path(path).name
+        shutil.copy(path, copy)
+        notebook = nbformat.read(copy, as_version=4)
+        kernel = KernelManager(kernel_name=notebook.metadata.get("kernelspec", {}).get("name", ""))
+        try:
+            NotebookClient(notebook, km=kernel, timeout=book.TIMEOUT, allow_errors=False,
+                           resources={"metadata": {"path": folder}}).execute()
+        finally:
+            if kernel.has_kernel:
+                kernel.shutdown_kernel(now=True)
+        return nbformat.writes(notebook)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cores", [1, 64])
+def test_part2_alone_on_another_machine(cores):
+    """Part 2 run alone with 1 core and with 64 cores: every glued value passes the number check
+    against numbers.toml, and the sentences about threads follow the simulated facts."""
+    import concurrent.futures
+    import json
+
+    import nbformat
+
+    import book
+
+    page = "02_sequential_steps"
+    path = book.ROOT / "notebooks" / f"{page}.ipynb"
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1) as pool:   # environment kept apart
+        text = pool.submit(_run_on_machine, str(path), json.dumps({"cores": cores})).result()
+    glued = book.glued_in_notebook(nbformat.reads(text, as_version=4))
+    expected = book.load_expected()[page]
+    problems = book.compare({page: expected}, {page: glued})
+    assert not problems, book.problem_table(problems)
+    threads = min(tx.machine()["threads"], cores)     # the pool as torch found it, one a core
+    assert glued["machine_cores"].value == cores
+    assert glued["threads_all"].value == threads
+    assert glued["isolated_threads.all_threads.threads"].value == threads
+    values = glued["threads_phrase"].values            # [if more than one thread, if one]
+    assert glued["threads_phrase"].value == values[0 if threads > 1 else 1]
+    product = glued["isolated_threads.all_threads.product_ms"].value
+    alone = glued["isolated_threads.one_thread.product_ms"].value
+    words = glued["threads_product_phrase"]
+    assert words.value == words.values[0 if product < alone else 1]
+    ratio = glued["time_ratio_4096"].value                # the clock's words follow the clock
+    assert glued["attention_vs_loop_4096"].value == ("slower than" if ratio > 1 else "faster than")
+    slope, in_step = glued["loop_slope"].value, glued["loop_in_step"]
+    assert in_step.value == in_step.values[0 if 0.7 < slope < 1.3 else 1]
