@@ -3049,7 +3049,8 @@ def cache_parts(cache) -> list[dict[str, int]]:
                 held = list(held.values())    # one tensor a state
             elif not isinstance(held, (list, tuple)):
                 held = [held]
-            tensors = [t for t in held if isinstance(t, torch.Tensor)]
+            tensors = [t for t in held           # a 0-d tensor is a counter
+                       if isinstance(t, torch.Tensor) and t.dim() > 0]
             if tensors:
                 part = CACHE_PARTS.get(name, name)
                 row[part] = row.get(part, 0) + tx.tensor_bytes(tensors)
