@@ -3104,348 +3104,644 @@ def _quiet_transformers():
 
 # ── saved from notebooks/08_your_model.md by `make sync` (cells marked #@save): edit them there ──
 
-def layer_window(config: dict, i: int) -> int | None:
-    """The window of attention layer i, in tokens, or None when it sees every earlier token."""
-    window = config.get("sliding_window")
-    if window is None:
-        return None                                   # no window named: every layer sees everything
-    if isinstance(config.get("layer_types"), list):   # a config that names each layer's kind wins
-        return window if config["layer_types"][i] == "sliding_attention" else None
-    if config["model_type"] == "gemma2":              # Gemma 2: a window on layers 0, 2, 4, …
-        return window if i % 2 == 0 else None
-    if config["model_type"] in ("qwen2", "qwen3"):    # Qwen: only with the flag on, from max_window_layers up
-        on = config.get("use_sliding_window", False) and i >= config.get("max_window_layers", 0)
-        return window if on else None
-    return window                                     # Mistral: a window on every layer
+#: The architecture fields of real published configs, shipped with the book.
+CONFIG_DIR = Path(tx.__file__).resolve().parent / "tx_model_configs"
+
+#: Fields that must be positive whole numbers where a config.json sets them.
+SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "intermediate_size",
+               "vocab_size")
 
 
-def layer_kinds(config: dict) -> list[tuple[str, int | None]]:
-    """(kind, window) of every layer: "attention", "latent" (DeepSeek's MLA) or "mamba"."""
-    layers = range(config["num_hidden_layers"])
-    if config["model_type"] == "mamba":               # a state-space model: every layer keeps a state
-        return [("mamba", None) for _ in layers]
-    if config["model_type"] == "jamba":               # attention in one layer of every period, Mamba elsewhere
-        period, offset = config["attn_layer_period"], config["attn_layer_offset"]
-        return [("attention", None) if i % period == offset else ("mamba", None) for i in layers]
-    if config["model_type"] == "deepseek_v2":         # every layer caches one compressed latent
-        return [("latent", None) for _ in layers]
-    return [("attention", layer_window(config, i)) for i in layers]
-
-
-def head_size(config: dict) -> int:
-    """Numbers in one head's key: the config's head_dim when it sets one, else width ÷ heads."""
-    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-
-
-def token_bytes(config: dict, kind: str, bytes_per_number: int = 2) -> int:
-    """Bytes one layer of this kind adds to the cache for each token."""
-    if kind == "mamba":
-        return 0                                                 # a state-space layer keeps no token
-    if kind == "latent":                                         # MLA: one latent and one rotary key,
-        return (config["kv_lora_rank"]                           #   shared by every head,
-                + config["qk_rope_head_dim"]) * bytes_per_number  #   counted once
-    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-    return (2                                                    # a key and a value
-            * kv_heads                                           # for each head that keeps its own
-            * head_size(config)                                  # of head_dim numbers
-            * bytes_per_number)                                  # of this many bytes
-
-
-#: Bytes of each number of a Mamba layer's recurrent state: float32 in transformers 5.24's PyTorch path.
-STATE_NUMBER_BYTES = 4
-
-
-def state_bytes(config: dict, kind: str, bytes_per_number: int = 2) -> int:
-    """Bytes a layer keeps whatever the length: a Mamba layer's convolution window and state."""
-    if kind != "mamba":
-        return 0                                                 # attention keeps tokens, not a state
-    names = {"mamba": ("expand", "conv_kernel", "state_size"),   # Jamba names the same sizes mamba_*
-             "jamba": ("mamba_expand", "mamba_d_conv", "mamba_d_state")}[config["model_type"]]
-    expand, window, state = (config[name] for name in names)
-    inner = expand * config["hidden_size"]                       # the layer's inner channels
-    return inner * (window * bytes_per_number                    # the convolution's last `window` inputs
-                    + state * STATE_NUMBER_BYTES)                # and `state` numbers, in float32
-
-
-def cache_bytes(config: dict, tokens: int, bytes_per_number: int = 2) -> int:
-    """Bytes of one conversation's cache after `tokens` tokens, summed over the layers."""
-    tx.check_nonnegative(tokens=tokens)
-    total = 0
-    for kind, window in layer_kinds(config):
-        kept = tokens if window is None else min(tokens, window - 1)   # a window keeps its last tokens
-        total += kept * token_bytes(config, kind, bytes_per_number)    # keys and values, or the latent
-        total += state_bytes(config, kind, bytes_per_number)           # a Mamba layer's fixed state
-    return total
-
-
-def max_tokens(config: dict, free_bytes: int, bytes_per_number: int = 2, limit: int = 2 ** 40) -> int | None:
-    """The longest conversation whose cache fits in `free_bytes`; None if it never outgrows them."""
-    if cache_bytes(config, limit, bytes_per_number) <= free_bytes:
-        return None                                       # windows and states: the cache stops growing
-    low, high = 0, limit                                  # the cache grows with the tokens: bisect
-    while high - low > 1:
-        mid = (low + high) // 2
-        fits = cache_bytes(config, mid, bytes_per_number) <= free_bytes
-        low, high = (mid, high) if fits else (low, mid)
-    return low
-
-
-def count_model_pairs(config: dict, n: int) -> float:
-    """Multiply-adds on pairs of positions in one causal pass over n tokens, every layer."""
-    total = 0.0
-    for kind, window in layer_kinds(config):
-        if kind == "mamba":
-            continue                                              # a state-space layer has no pairs
-        w = window or n
-        pairs = n * n / 2 if n <= w else n * w - w * w / 2        # causal pairs, or a band of w
-        if kind == "latent":                                      # MLA on its cached latent (absorbed):
-            key = config["kv_lora_rank"] + config["qk_rope_head_dim"]  # score against latent + rotary key
-            value = config["kv_lora_rank"]                        # mix the latent
-        else:
-            key = value = head_size(config)                       # a key and a value of head_dim
-        total += pairs * config["num_attention_heads"] * (key + value)   # a score and a mix, every head
-    return total
-
-
-def crossing_tokens(config: dict, weights_per_token: int, limit: int = 2 ** 40) -> int | None:
-    """The fewest tokens at which the pairs cost as much as the weights; None if they never do."""
-    overtaken = lambda n: count_model_pairs(config, n) >= n * weights_per_token  # noqa: E731
-    if not overtaken(limit):
-        return None
-    low, high = 0, limit                                          # pairs per token only grow: bisect
-    while high - low > 1:
-        low, high = (low, (low + high) // 2) if overtaken((low + high) // 2) else ((low + high) // 2, high)
-    return high
-
-# ── end of the cells saved from notebooks/08_your_model.md ──
-
-
-#: The architecture fields of real published config.json files, shipped with the package.
-CONFIG_DIR = Path(__file__).resolve().parent / "tx_model_configs"
-
-#: The model types Part 8 can price, and the fields each needs beyond `num_hidden_layers`.
-MODEL_FIELDS = {
-    "llama": ("hidden_size", "num_attention_heads"),
-    "mistral": ("hidden_size", "num_attention_heads"),
-    "qwen2": ("hidden_size", "num_attention_heads"),
-    "qwen3": ("hidden_size", "num_attention_heads"),
-    "gemma2": ("hidden_size", "num_attention_heads"),
-    "deepseek_v2": ("hidden_size", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
-                    "qk_nope_head_dim", "v_head_dim"),
-    "mamba": ("hidden_size", "state_size", "conv_kernel", "expand"),
-    "jamba": ("hidden_size", "num_attention_heads", "attn_layer_period", "attn_layer_offset",
-              "mamba_d_state", "mamba_d_conv", "mamba_expand"),
-}
-
-
-def shipped_configs() -> dict[str, dict]:
-    """The shipped configs by name (file stem): Llama-2-7B … Jamba-v0.1, each with its `_source`."""
-    return {path.stem: read_config(path) for path in sorted(CONFIG_DIR.glob("*.json"))}
-
-
-def read_config(source) -> dict:
-    """A Hugging Face config as a plain dict, checked: a config.json path, a dict, or a config object.
-
-    Raises ValueError naming a missing file, malformed JSON, a missing field, an unsupported
-    model_type or a size that is not a positive whole number."""
+def config_fields(source) -> dict:
+    """The fields of a config.json, a folder holding one, a dict or a
+    transformers config object. ValueError names what is wrong."""
     import json
 
     if isinstance(source, (str, Path)):
         path = Path(source)
+        if path.is_dir():                     # a downloaded model's folder
+            path = path / "config.json"
         if not path.is_file():
             raise ValueError(f"config: no such file: {path}")
         try:
             source = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"config: {path} is not valid JSON ({error})") from None
-    elif hasattr(source, "to_dict"):
-        source = source.to_dict()             # a transformers config object
+            raise ValueError(f"config: {path} is not valid JSON "
+                             f"({error})") from None
+    elif hasattr(source, "to_dict"):          # a transformers config
+        source = source.to_dict()
     if not isinstance(source, dict):
-        raise ValueError(f"config must be a config.json path, a dict or a config object, got "
-                         f"{type(source).__name__}")
-    config = dict(source)
-    check_config(config)
-    return config
+        raise ValueError("config must be a config.json path, a dict or a "
+                         f"config object, got {type(source).__name__}")
+    return dict(source)
 
 
-def check_config(config: dict) -> None:
-    """Raise ValueError naming the first field Part 8 needs and the config lacks or gets wrong."""
-    kind = config.get("model_type")
-    if kind not in MODEL_FIELDS:
-        raise ValueError(f"model_type {kind!r} is not supported; supported: {', '.join(MODEL_FIELDS)}")
-    for field in ("num_hidden_layers",) + MODEL_FIELDS[kind]:
-        if config.get(field) is None:
-            raise ValueError(f"config ({kind}): missing field {field!r}")
-    sizes = {f: config[f] for f in ("num_hidden_layers", "num_key_value_heads", "head_dim", "sliding_window",
-                                    "intermediate_size", "vocab_size") + MODEL_FIELDS[kind]
-             if config.get(f) is not None and f != "attn_layer_offset"}
-    check_positive(**sizes)
-    check_nonnegative(**{f: config[f] for f in ("attn_layer_offset", "max_window_layers") if f in config})
-    if kind == "jamba" and config["attn_layer_offset"] >= config["attn_layer_period"]:
-        raise ValueError(f"attn_layer_offset must be below attn_layer_period "
-                         f"({config['attn_layer_period']}), got {config['attn_layer_offset']}")
-    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
-    if heads and kv and heads % kv:
-        raise ValueError(f"num_key_value_heads must divide num_attention_heads ({heads}), got {kv}")
+def config_class(model_type):
+    """transformers' config class for a model_type; ValueError if the
+    installed release does not know the type."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"model_type {model_type!r} is not known to transformers "
+            f"{transformers.__version__}, so it cannot be built")
+    return CONFIG_MAPPING[model_type]
 
 
 def transformers_config(config: dict, layers: int | None = None):
-    """The transformers config object for a checked config dict, optionally with fewer layers."""
+    """The transformers config object of a config dict, optionally with
+    only its first `layers` layers (in the text model of a composite)."""
     from transformers import AutoConfig
 
+    kind = config.get("model_type")
+    cls = config_class(kind)
+    skip = ("model_type", "transformers_version", "architectures",
+            "dtype", "torch_dtype")
+    def derived(k):                       # a property: derived, not set
+        own = cls.attribute_map.get(k, k)
+        return isinstance(getattr(cls, own, None), property)
+
     fields = {k: v for k, v in config.items()
-              if not k.startswith("_") and k not in ("torch_dtype", "dtype", "architectures", "model_type",
-                                                       "transformers_version")}
-    if layers is not None:
-        check_positive(layers=layers)
-        fields["num_hidden_layers"] = layers
-        if isinstance(fields.get("layer_types"), list):          # keep the pattern of the first layers
-            fields["layer_types"] = fields["layer_types"][:layers]
-    with _quiet_transformers():
-        return AutoConfig.for_model(config["model_type"], **fields)
+              if not k.startswith("_") and k not in skip and not derived(k)}
+    for standard, own in cls.attribute_map.items():   # GPT-2's n_layer
+        if standard in fields and own in fields and own != standard:
+            fields[own] = fields.pop(standard)
+    with tx._quiet_transformers():
+        built = AutoConfig.for_model(kind, **fields)
+    text = built.get_text_config(decoder=True)
+    if layers is None:
+        return built
+    tx.check_positive(layers=layers)
+    own = {**text.to_dict(), **{k: v for k, v in fields.items()
+                                if k in text.to_dict()}}
+    whole = own.get("num_hidden_layers")
+    for name, value in own.items():       # per-layer lists: the first ones
+        if isinstance(value, list) and len(value) == whole:
+            own[name] = value[:layers]
+    own["num_hidden_layers"] = layers
+    cls = type(text)
+    own = {k: v for k, v in own.items()   # leave derived fields derived
+           if not isinstance(getattr(cls, cls.attribute_map.get(k, k),
+                                     None), property)}
+    with tx._quiet_transformers():
+        small = type(text)(**own)
+    if text is built:
+        return small
+    for name, value in vars(built).items():    # put it in the composite
+        if value is text:
+            setattr(built, name, small)
+    return built
 
 
-def meta_model(config: dict, layers: int | None = None, bytes_per_number: int = 2):
-    """The real transformers model of a config, built on PyTorch's meta device: every tensor has its
-    real shape and dtype and no data, so building and running it costs no memory and no download."""
-    from transformers import AutoModelForCausalLM
+def read_config(source) -> dict:
+    """A config as a dict, read through transformers' own class: its
+    defaults filled in, GPT-2's n_layer also as num_hidden_layers."""
+    fields = config_fields(source)
+    kind = fields.get("model_type")
+    if kind is None:
+        raise ValueError("config: no model_type field")
+    cls = config_class(kind)
+    named = {standard: fields[own]        # GPT-2's n_layer, n_head, …
+             for standard, own in cls.attribute_map.items()
+             if own in fields}
+    tx.check_positive(**{f: v for f, v in {**fields, **named}.items()
+                         if f in SIZE_FIELDS and v is not None})
+    try:
+        built = transformers_config(fields)
+    except Exception as error:            # the class's own checks
+        reason = str(error).strip().splitlines()[0]
+        raise ValueError(f"config ({kind}): {reason}") from None
+    text = built.get_text_config(decoder=True)
+    config = {**text.to_dict(), **built.to_dict(), **fields, **named}
+    for part in (built, text):            # standard names, own values
+        for standard in type(part).attribute_map:
+            config[standard] = getattr(part, standard, None)
+    for name in ("layer_types", "layers_block_type"):   # may be properties
+        if isinstance(getattr(text, name, None), list):
+            config.setdefault(name, getattr(text, name))
+    config["model_type"] = kind
+    check_heads(config)
+    return config
 
-    if bytes_per_number not in DTYPES:
-        raise ValueError(f"bytes_per_number must be one of {sorted(DTYPES)}, got {bytes_per_number!r}")
-    with torch.device("meta"), _quiet_transformers():
-        return AutoModelForCausalLM.from_config(transformers_config(config, layers),
-                                                dtype=DTYPES[bytes_per_number]).eval()
+
+def check_heads(config: dict) -> None:
+    """ValueError if the heads cannot be split as the config says."""
+    heads = config.get("num_attention_heads")
+    kv = config.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise ValueError(f"num_key_value_heads must divide "
+                         f"num_attention_heads ({heads}), got {kv}")
+
+
+def shipped_configs() -> dict[str, dict]:
+    """The shipped configs by name (file stem), each with its `_source`."""
+    return {path.stem: read_config(path)
+            for path in sorted(CONFIG_DIR.glob("*.json"))}
+
+
+#: Mamba-2's groups of shared input and output projections, by name.
+GROUP_NAMES = ("n_groups", "mamba_n_groups", "mamba_ngroups")
+
+#: The same three sizes of a Mamba layer under the two names configs use.
+MAMBA_NAMES = (("expand", "conv_kernel", "state_size"),
+               ("mamba_expand", "mamba_d_conv", "mamba_d_state"))
+
+
+def mamba_sizes(config: dict) -> tuple[int, int, int] | None:
+    """(expand, convolution window, state size) of a Mamba layer, or None
+    when the config names no such sizes."""
+    for names in MAMBA_NAMES:
+        if all(config.get(name) for name in names):
+            return tuple(config[name] for name in names)
+    return None
+
+
+def layer_type(config: dict, i: int) -> str:
+    """The kind of layer i, named as transformers' `layer_types` names it,
+    for a config that lists no `layer_types`: read from its fields."""
+    period = config.get("attn_layer_period")
+    if period:                    # a hybrid: attention once a period
+        offset = config.get("attn_layer_offset", 0)
+        return ("full_attention" if i % period == offset
+                else "linear_attention")
+    if not config.get("num_attention_heads") and mamba_sizes(config):
+        return "linear_attention"         # a state-space model
+    window = config.get("sliding_window")
+    on = config.get("use_sliding_window", True)       # Qwen's switch
+    if window and on and i >= (config.get("max_window_layers") or 0):
+        return "sliding_attention"
+    return "full_attention"
+
+
+def layer_kinds(config: dict) -> list[tuple[str, int | None]]:
+    """(kind, window) of every layer: "attention", "latent" (MLA), "mamba",
+    or the config's own name for a kind the formula does not know."""
+    names = config.get("layer_types") or config.get("layers_block_type")
+    n = config.get("num_hidden_layers") or len(names)
+    if not (isinstance(names, list) and len(names) >= n):
+        names = [layer_type(config, i) for i in range(n)]
+    mla = config.get("kv_lora_rank") and config.get("qk_rope_head_dim")
+    kinds = []
+    for name in names[:n]:
+        if name in ("full_attention", "attention", "sliding_attention"):
+            window = config.get("sliding_window")
+            kinds.append(("latent" if mla else "attention",
+                          window if name == "sliding_attention" else None))
+        elif name in ("linear_attention", "mamba") and mamba_sizes(config):
+            kinds.append(("mamba", None))
+        else:
+            kinds.append((name, None))    # measured only: no rule for it
+    return kinds
+
+
+def head_size(config: dict) -> int:
+    """Numbers in one head's key: the config's head_dim when it sets one,
+    else width ÷ heads."""
+    return (config.get("head_dim")
+            or config["hidden_size"] // config["num_attention_heads"])
+
+
+def key_value_heads(config: dict) -> int:
+    """Heads that keep their own keys and values."""
+    if (config.get("multi_query")
+            and not config.get("new_decoder_architecture")):
+        return 1                          # Falcon, GPT-BigCode: one shared
+    return (config.get("num_key_value_heads") or config.get("num_kv_heads")
+            or config["num_attention_heads"])
+
+
+def token_bytes(config: dict, kind: str,
+                bytes_per_number: int = 2) -> int | None:
+    """Bytes one layer of this kind adds to the cache for each token;
+    None for a kind the formula does not know."""
+    if kind == "mamba":
+        return 0                          # a state-space layer: no token
+    if kind == "latent":                  # MLA: a latent and a rotary key,
+        return (config["kv_lora_rank"]    #   shared by every head,
+                + config["qk_rope_head_dim"]) * bytes_per_number   # once
+    if kind != "attention":
+        return None
+    value = config.get("v_head_dim") or head_size(config)
+    return (key_value_heads(config)       # each head that keeps its own
+            * (head_size(config) + value) # keeps a key and a value
+            * bytes_per_number)           # of this many bytes a number
+
+
+#: Bytes of each number of a Mamba layer's recurrent state: float32 in
+#: transformers 5.24's PyTorch path.
+STATE_NUMBER_BYTES = 4
+
+def state_bytes(config: dict, kind: str,
+                bytes_per_number: int = 2) -> int | None:
+    """Bytes a layer keeps whatever the length: a Mamba layer's
+    convolution window and state; None for a kind the formula lacks."""
+    if kind in ("attention", "latent"):
+        return 0                          # attention keeps tokens, no state
+    if kind != "mamba":
+        return None
+    expand, window, state = mamba_sizes(config)
+    inner = expand * config["hidden_size"]      # the inner channels
+    groups = next((config[g] for g in GROUP_NAMES if config.get(g)), 0)
+    channels = inner + 2 * groups * state       # Mamba-2 convolves B, C
+    return (channels * window * bytes_per_number    # last `window` inputs
+            + inner * state * STATE_NUMBER_BYTES)   # and the state
+
+
+def cache_bytes(config: dict, tokens: int, bytes_per_number: int = 2,
+                measured: dict | None = None) -> int:
+    """Bytes of one conversation's cache after `tokens` tokens, summed
+    over the layers. `measured` gives (bytes a token, fixed bytes) for
+    each kind of layer the formula cannot explain."""
+    tx.check_nonnegative(tokens=tokens)
+    total = 0
+    for kind, window in layer_kinds(config):
+        if measured and (kind, window) in measured:
+            per_token, fixed = measured[(kind, window)]
+            total += tokens * per_token + fixed       # measured only
+            continue
+        if token_bytes(config, kind) is None:
+            raise ValueError(f"layer kind {kind!r} has no formula: pass "
+                             "its measured bytes (price_layers)")
+        kept = tokens if window is None else min(tokens, window - 1)
+        total += kept * token_bytes(config, kind, bytes_per_number)
+        total += state_bytes(config, kind, bytes_per_number)
+    return total
 
 
 def layers_to_build(config: dict) -> int:
-    """The fewest first layers that hold every kind of layer of the config in its own order:
-    1 for a uniform stack, 2 for Gemma 2 (window, global) and DeepSeek (dense, then experts),
-    attn_layer_offset + 1 for Jamba. The cache of a layer depends only on its own shapes."""
-    kinds = [(kind, window) for kind, window in layer_kinds(config)]
-    needed = max(kinds.index(k) for k in set(kinds)) + 1
-    if config["model_type"] == "deepseek_v2":
-        needed = max(needed, min(config["num_hidden_layers"], config.get("first_k_dense_replace", 0) + 1))
+    """The fewest first layers that hold every kind of layer of the config
+    in its own order, and its first mixture-of-experts layer."""
+    kinds = layer_kinds(config)
+    needed = max(kinds.index(kind) for kind in set(kinds)) + 1
+    dense = config.get("first_k_dense_replace")   # DeepSeek: dense first
+    if dense:
+        needed = max(needed, min(len(kinds), dense + 1))
     return needed
 
 
-def cache_tensors(cache) -> list[torch.Tensor]:
-    """Every tensor a transformers 5 cache holds: keys and values of attention layers, the
-    convolution windows and recurrent states of Mamba layers."""
-    held = []
-    for layer in cache.layers:
-        for name in ("keys", "values"):
-            held.append(getattr(layer, name, None))
-        for name in ("conv_states", "recurrent_states"):
-            held.extend(_states(getattr(layer, name, {})))
-    return [t for t in held if t is not None]
+def first_layers(config: dict, layers: int) -> dict:
+    """The config of the first `layers` layers, for the formula."""
+    small = {**config, "num_hidden_layers": layers}
+    for name in ("layer_types", "layers_block_type"):
+        if isinstance(config.get(name), list):
+            small[name] = config[name][:layers]
+    return small
+
+
+def meta_model(config: dict, layers: int | None = None,
+               bytes_per_number: int = 2):
+    """The real transformers model of a config on PyTorch's meta device:
+    real shapes and types, no data, so it costs no memory."""
+    from transformers import AutoModelForCausalLM
+
+    if bytes_per_number not in tx.DTYPES:
+        raise ValueError(f"bytes_per_number must be one of "
+                         f"{sorted(tx.DTYPES)}, got {bytes_per_number!r}")
+    built = transformers_config(config, layers)
+    with torch.device("meta"), tx._quiet_transformers():
+        return AutoModelForCausalLM.from_config(
+            built, dtype=tx.DTYPES[bytes_per_number]).eval()
+
+
+def run_cache(model, tokens: int):
+    """The cache a model returns for a prompt of `tokens` tokens."""
+    tx.check_positive(tokens=tokens)
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, tokens), dtype=torch.long, device=device)
+    with torch.no_grad(), tx._quiet_transformers():
+        return tx.model_cache(model(ids, use_cache=True))
+
+
+#: How the parts of a cache layer are named: what the formula prices.
+CACHE_PARTS = {"keys": "keys and values", "values": "keys and values",
+               "conv_states": "state", "recurrent_states": "state"}
+
+
+def cache_parts(cache) -> list[dict[str, int]]:
+    """Bytes of every tensor each layer of a cache holds, by part: keys
+    and values, states, and anything else under its own name."""
+    rows = []
+    for layer in getattr(cache, "layers", None) or []:
+        row = {"keys and values": 0, "state": 0}
+        for name, held in vars(layer).items():
+            if name.startswith("_"):
+                continue                  # bookkeeping, not the cache
+            if isinstance(held, dict):
+                held = list(held.values())    # one tensor a state
+            elif not isinstance(held, (list, tuple)):
+                held = [held]
+            tensors = [t for t in held           # a 0-d tensor is a counter
+                       if isinstance(t, torch.Tensor) and t.dim() > 0]
+            if tensors:
+                part = CACHE_PARTS.get(name, name)
+                row[part] = row.get(part, 0) + tx.tensor_bytes(tensors)
+        rows.append(row)
+    return rows
 
 
 def measure_cache(model, tokens: int) -> int:
-    """Bytes of the cache a model returns for a prompt of `tokens` tokens: numel × element_size
-    of every cache tensor (on the meta device the prompt is free: it has a shape and no data)."""
-    check_positive(tokens=tokens)
-    device = next(model.parameters()).device
-    ids = torch.zeros((1, tokens), dtype=torch.long, device=device)
-    with torch.no_grad(), _quiet_transformers():
-        cache = model_cache(model(ids, use_cache=True))
-    return tensor_bytes(cache_tensors(cache))
+    """Bytes of the cache a model returns for a prompt of `tokens`
+    tokens: numel × element_size of every tensor it holds."""
+    parts = cache_parts(run_cache(model, tokens))
+    return sum(sum(row.values()) for row in parts)
 
 
-def cache_check_table(configs: dict[str, dict], lengths: Iterable[int] = (7, 33, 4100),
-                      state_lengths: Iterable[int] = (7, 33), bytes_per_number: int = 2) -> pd.DataFrame:
-    """For every config: build its first layers on the meta device (`layers_to_build`), run prompts,
-    and set the measured cache bytes beside the formula's `cache_bytes` for the same layers.
-
-    Models with Mamba layers run the shorter `state_lengths`: transformers' reference scan walks
-    the prompt token by token, even on the meta device."""
+def cache_check_table(configs: dict[str, dict],
+                      lengths: Iterable[int] = (7, 33, 4100),
+                      state_lengths: Iterable[int] = (7, 33),
+                      bytes_per_number: int = 2) -> pd.DataFrame:
+    """For every config: build its first layers on the meta device, run
+    prompts, and set the measured cache bytes beside the formula's.
+    Models with Mamba layers run the shorter `state_lengths`: the
+    reference scan walks the prompt token by token, even on meta."""
     rows = []
     for name, config in configs.items():
         built = layers_to_build(config)
         model = meta_model(config, built, bytes_per_number)
-        small = {**config, "num_hidden_layers": built}
-        if isinstance(config.get("layer_types"), list):
-            small["layer_types"] = config["layer_types"][:built]
-        has_state = any(kind == "mamba" for kind, _ in layer_kinds(config))
-        for n in (state_lengths if has_state else lengths):
-            rows.append({"prompt": f"{name}, {n:,} tokens", "model": name, "tokens": n, "layers built": built,
-                         "measured bytes": measure_cache(model, n),
-                         "formula bytes": cache_bytes(small, n, bytes_per_number)})
+        small = first_layers(config, built)
+        state = any(k == "mamba" for k, _ in layer_kinds(config))
+        for n in (state_lengths if state else lengths):
+            rows.append({
+                "prompt": f"{name}, {n:,} tokens", "model": name,
+                "tokens": n, "layers built": built,
+                "measured bytes": measure_cache(model, n),
+                "formula bytes": cache_bytes(small, n, bytes_per_number)})
     table = pd.DataFrame(rows)
     table["equal"] = table["measured bytes"] == table["formula bytes"]
     return table.set_index("prompt")
 
 
-def _is_routed_expert(name: str) -> bool:
-    """A parameter of a routed expert (read only when the router picks it), not a shared expert."""
-    return "experts" in name.split(".")
+def formula_verdict(expected: dict, measured: list[dict]) -> tuple:
+    """("exact" | "partial" | "measured only", why) for one kind of
+    layer: the formula's parts against the parts measured at each
+    length."""
+    if expected["keys and values"] is None:
+        return "measured only", "no rule for this kind of layer"
+    why, explained = [], []
+    for part in ("keys and values", "state"):
+        got = [row.get(part, 0) for row in measured]
+        if got == expected[part]:
+            explained += [part] if any(got) else []
+        else:
+            why.append(f"{part}: formula {expected[part][-1]:,} bytes, "
+                       f"measured {got[-1]:,}")
+    extra = sorted({p for row in measured for p, b in row.items()
+                    if b and p not in ("keys and values", "state")})
+    if extra:
+        why.append("it also holds " + ", ".join(extra))
+    if not why:
+        return "exact", ""
+    return ("partial" if explained else "measured only"), "; ".join(why)
 
 
-def meta_weights(config: dict, bytes_per_number: int = 2) -> tuple[int, int]:
-    """(every weight, the weights one token reads) counted on the full model built on the meta device.
+def price_layers(config: dict, lengths=(7, 33),
+                 bytes_per_number: int = 2) -> list[dict]:
+    """Each kind of layer, measured on the real architecture built on
+    the meta device and set beside the formula where the fields give
+    one; a kind the formula cannot explain is priced as measured."""
+    built = layers_to_build(config)
+    try:
+        model = meta_model(config, built, bytes_per_number)
+        parts = {n: cache_parts(run_cache(model, n)) for n in lengths}
+    except Exception:                     # some need every layer: build all
+        built = len(layer_kinds(config))
+        model = meta_model(config, None, bytes_per_number)
+        parts = {n: cache_parts(run_cache(model, n)) for n in lengths}
+    kinds = layer_kinds(first_layers(config, built))
+    counted = all(len(rows) == built for rows in parts.values())
+    if not counted:                       # share the whole cache out
+        parts = {n: [{"cache": sum(sum(r.values()) for r in rows)
+                      // built}] * built for n, rows in parts.items()}
+    rows, every = [], layer_kinds(config)
+    for kind, window in dict.fromkeys(kinds):
+        i = kinds.index((kind, window))
+        got = [p[i] for p in parts.values()]
+        per_token = token_bytes(config, kind, bytes_per_number)
+        state = state_bytes(config, kind, bytes_per_number)
+        kept = [n if window is None else min(n, window - 1)
+                for n in lengths]
+        expected = {"keys and values": None if per_token is None
+                    else [k * per_token for k in kept],
+                    "state": [state] * len(lengths)}
+        verdict, why = formula_verdict(expected, got)
+        if not counted:
+            verdict, why = "measured only", (
+                "the model returned no cache" if not got[-1]["cache"]
+                else "the cache's layers are not the model's, one for one")
+        if verdict != "exact":            # price it from the measurement
+            (n1, n2), (b1, b2) = lengths[:2], [sum(g.values())
+                                               for g in got[:2]]
+            per_token = (b2 - b1) // (n2 - n1)
+            state = b1 - n1 * per_token
+        rows.append({"kind": kind, "window": window,
+                     "layers": every.count((kind, window)),
+                     "bytes_per_token": per_token, "state_bytes": state,
+                     "formula": verdict, "why": why})
+    return rows
 
-    A mixture-of-experts layer runs num_experts_per_tok of its routed experts for a token: the
-    others are not read. Dense models read every weight."""
+
+#: Where configs name the routed experts, and how many a token uses.
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts",
+                 "moe_num_experts")
+CHOSEN_FIELDS = ("num_experts_per_tok", "moe_topk", "moe_k",
+                 "num_experts_per_token", "top_k_experts")
+
+
+def first_field(config: dict, names) -> int | None:
+    """The first of these fields that the config sets to a number."""
+    return next((config[name] for name in names
+                 if isinstance(config.get(name), int)), None)
+
+
+def routed_experts(model, experts: int) -> int:
+    """Weights of the routed experts of a model: every module named
+    `experts` whose weights hold `experts` experts (a list of them, or
+    tensors stacked on a first axis of that length)."""
+    routed = 0
+    for name, module in model.named_modules():
+        if name.split(".")[-1] != "experts":
+            continue
+        held = list(module.parameters())
+        stacked = all(p.shape[0] == experts for p in held)
+        if held and (len(module) == experts if hasattr(module, "__len__")
+                     else stacked):
+            routed += sum(p.numel() for p in held)
+    return routed
+
+
+def meta_weights(config: dict, bytes_per_number: int = 2) -> tuple:
+    """(every weight, the weights one token reads), counted on the
+    whole model built on the meta device. A token reads the chosen
+    routed experts only; shared experts and the rest, always."""
     model = meta_model(config, None, bytes_per_number)
     total = sum(p.numel() for p in model.parameters())
-    routed = sum(p.numel() for name, p in model.named_parameters() if _is_routed_expert(name))
-    experts = config.get("n_routed_experts") or config.get("num_experts") or 1
-    chosen = config.get("num_experts_per_tok") or experts
+    experts = first_field(config, EXPERT_FIELDS)
+    chosen = first_field(config, CHOSEN_FIELDS)
+    if not experts or not chosen:
+        return total, total               # a dense model reads everything
+    routed = routed_experts(model, experts)
     return total, total - routed + routed * chosen // experts
 
 
 def weights_per_token(config: dict, read: int) -> int:
-    """Multiply-adds with the weights for one token: every weight read, but the input embedding,
-    which is looked up, not multiplied (unless it is tied to the output layer)."""
-    tied = config.get("tie_word_embeddings", config["model_type"] in ("gemma2", "mamba"))
-    return read - (0 if tied else config.get("vocab_size", 0) * config["hidden_size"])
+    """Multiply-adds with the weights for one token: every weight read
+    but the input embedding, which is looked up, not multiplied (unless
+    it is tied to the output layer)."""
+    tied = config.get("tie_word_embeddings")
+    embedding = config.get("vocab_size", 0) * config["hidden_size"]
+    return read - (0 if tied else embedding)
+
+
+def max_tokens(config: dict, free_bytes: int, bytes_per_number: int = 2,
+               limit: int = 2 ** 40,
+               measured: dict | None = None) -> int | None:
+    """The longest conversation whose cache fits in `free_bytes`; None
+    if it never outgrows them."""
+    def fits(n):
+        return cache_bytes(config, n, bytes_per_number,
+                           measured) <= free_bytes
+
+    if fits(limit):
+        return None                       # windows, states: it stops
+    low, high = 0, limit                  # the cache grows with n: bisect
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def count_model_pairs(config: dict, n: int) -> float:
+    """Multiply-adds on pairs of positions in one causal pass over n
+    tokens, every attention layer (other kinds compare no pairs)."""
+    total = 0.0
+    for kind, window in layer_kinds(config):
+        if kind not in ("attention", "latent"):
+            continue
+        w = window or n
+        # causal pairs, or a band of w
+        pairs = n * n / 2 if n <= w else n * w - w * w / 2
+        if kind == "latent":              # MLA on its cached latent:
+            # a score against latent + rotary key, a mix of the latent
+            key = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+            value = config["kv_lora_rank"]
+        else:                             # a key and a value of head_dim
+            key = value = head_size(config)
+        # a score and a mix, for every query head
+        total += pairs * config["num_attention_heads"] * (key + value)
+    return total
+
+
+def crossing_tokens(config: dict, weights_per_token: int,
+                    limit: int = 2 ** 40) -> int | None:
+    """The fewest tokens at which the pairs cost as much as the weights;
+    None if they never do."""
+    def overtaken(n):
+        return count_model_pairs(config, n) >= n * weights_per_token
+
+    if not overtaken(limit):
+        return None
+    low, high = 0, limit                  # pairs a token only grow
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if overtaken(mid) else (mid, high)
+    return high
 
 
 @dataclass(frozen=True)
 class Accelerator:
-    """A stated accelerator for Part 8: memory sizes to fill and a memory bandwidth."""
+    """A stated accelerator: memory sizes to fill and a bandwidth."""
     memories_gib: tuple[float, ...] = (24, 80)
-    bytes_per_second: float = 1e12       # 1 TB/s, the book's example accelerator
+    bytes_per_second: float = 1e12       # 1 TB/s, the book's example
 
     def __post_init__(self):
-        check_positive_number(bytes_per_second=self.bytes_per_second,
-                              **{f"memories_gib[{i}]": g for i, g in enumerate(self.memories_gib)})
+        tx.check_positive_number(
+            bytes_per_second=self.bytes_per_second,
+            **{f"memories_gib[{i}]": g
+               for i, g in enumerate(self.memories_gib)})
 
 
-def model_costs(config: dict, weights: tuple[int, int], accelerator: Accelerator = Accelerator(),
-                tokens: Iterable[int] = (8192, 131072), bytes_per_number: int = 2,
-                decode_at: int = 8192) -> dict:
-    """Every cost of the book for one model: cache a token, fixed state, cache at each length,
-    longest single conversation in each memory after the weights, the least decode time a token
-    (batch 1, bandwidth-bound), crossing length."""
-    total, read = weights
+def formula_layers(config: dict, bytes_per_number: int = 2) -> list:
+    """Each kind of layer priced by the formula alone, unchecked."""
     kinds = layer_kinds(config)
-    costs = {
-        "kv_bytes_per_token": sum(token_bytes(config, k, bytes_per_number) for k, _ in kinds),
-        "state_bytes": sum(state_bytes(config, k, bytes_per_number) for k, _ in kinds),
-        "weights": total, "weights_read_per_token": read,
-        "weight_bytes": total * bytes_per_number,
-        "cache_bytes": {n: cache_bytes(config, n, bytes_per_number) for n in tokens},
-        "max_tokens": {}, "weights_fit": {},
-    }
+    return [{"kind": kind, "window": window, "layers": kinds.count(
+                (kind, window)),
+             "bytes_per_token": token_bytes(config, kind, bytes_per_number),
+             "state_bytes": state_bytes(config, kind, bytes_per_number),
+             "formula": "exact", "why": ""}
+            for kind, window in dict.fromkeys(kinds)]
+
+
+def model_costs(config: dict, weights: tuple[int, int],
+                accelerator: Accelerator = Accelerator(),
+                tokens: Iterable[int] = (8192, 131072),
+                bytes_per_number: int = 2, decode_at: int = 8192,
+                layers: list | None = None) -> dict:
+    """Every cost of the book for one model: cache a token, fixed state,
+    cache at each length, longest single conversation in each memory
+    after the weights, least decode time a token (batch 1, bandwidth
+    only), crossing length. `layers` comes from price_layers."""
+    total, read = weights
+    layers = layers or formula_layers(config, bytes_per_number)
+    measured = {(r["kind"], r["window"]): (r["bytes_per_token"],
+                                           r["state_bytes"])
+                for r in layers if r["formula"] != "exact"}
+    cache = lambda n: cache_bytes(config, n, bytes_per_number,  # noqa: E731
+                                  measured)
+    costs = {"kv_bytes_per_token": cache(1) - cache(0),
+             "state_bytes": cache(0), "weights": total,
+             "weights_read_per_token": read,
+             "weight_bytes": total * bytes_per_number,
+             "cache_bytes": {n: cache(n) for n in tokens},
+             "max_tokens": {}, "weights_fit": {}}
     for gib in accelerator.memories_gib:
-        free = int(gib * GIB) - costs["weight_bytes"]
+        free = int(gib * tx.GIB) - costs["weight_bytes"]
         costs["weights_fit"][gib] = free >= 0
-        costs["max_tokens"][gib] = max_tokens(config, free, bytes_per_number) if free >= 0 else 0
-    # A decoding step reads every weight the token uses, but the input embedding (a token reads one
-    # row of it; the whole table is read only where it is tied to the output head), and the whole cache.
-    read_bytes = (weights_per_token(config, read) * bytes_per_number
-                  + cache_bytes(config, decode_at, bytes_per_number))
+        costs["max_tokens"][gib] = (max_tokens(
+            config, free, bytes_per_number, measured=measured)
+            if free >= 0 else 0)
+    # A decoding step reads every weight the token uses (the input
+    # embedding only where tied to the output head) and the whole cache.
+    per_token = weights_per_token(config, read)
     costs["decode_at"] = decode_at
-    costs["decode_bytes"] = read_bytes
-    costs["decode_seconds"] = read_bytes / accelerator.bytes_per_second   # a floor: batch 1, bandwidth only
-    costs["crossing_tokens"] = crossing_tokens(config, weights_per_token(config, read))
-    costs["layers"] = [
-        {"kind": kind, "window": window, "layers": kinds.count((kind, window)),
-         "bytes_per_token": token_bytes(config, kind, bytes_per_number),
-         "state_bytes": state_bytes(config, kind, bytes_per_number)}
-        for kind, window in dict.fromkeys(kinds)]
+    costs["decode_bytes"] = (per_token * bytes_per_number
+                             + cache(decode_at))
+    costs["decode_seconds"] = (costs["decode_bytes"]
+                               / accelerator.bytes_per_second)
+    costs["crossing_tokens"] = crossing_tokens(config, per_token)
+    costs["layers"] = layers
     return costs
 
+
+def costs_table(costs: dict[str, dict],
+                accelerator: Accelerator = Accelerator()) -> pd.DataFrame:
+    """One row a model, side by side: bytes in KiB, MiB or GiB (2^10,
+    2^20, 2^30 bytes), as labelled."""
+    rows = {}
+    for name, c in costs.items():
+        row = {"KiB a token": c["kv_bytes_per_token"] / tx.KIB,
+               "state MiB": c["state_bytes"] / tx.MIB}
+        for n, b in c["cache_bytes"].items():
+            row[f"GiB at {n:,}"] = b / tx.GIB
+        row["weights (billions)"] = c["weights"] / 1e9
+        for gib in accelerator.memories_gib:
+            fit = c["max_tokens"][gib]
+            row[f"tokens in {gib:g} GiB"] = (
+                "no room" if not c["weights_fit"][gib]
+                else "no limit" if fit is None else fit)
+        row[f"ms a token at {c['decode_at']:,}"] = 1e3 * c["decode_seconds"]
+        row["pairs overtake at"] = ("never" if c["crossing_tokens"] is None
+                                    else c["crossing_tokens"])
+        rows[name] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table
+
+# ── end of the cells saved from notebooks/08_your_model.md ──
+
+
+# Hand-written: display formats and glue keys of Part 8's tables.
 
 class _WholeOrWord:
     """A display format for a column of whole numbers and words ("no limit"): commas for the numbers."""
@@ -3477,28 +3773,10 @@ def key_name(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
 
-def costs_table(costs: dict[str, dict], accelerator: Accelerator = Accelerator()) -> pd.DataFrame:
-    """One row per model, side by side: bytes in KiB, MiB or GiB (2^10, 2^20, 2^30 bytes), as labelled."""
-    rows = {}
-    for name, c in costs.items():
-        row = {"KiB a token": c["kv_bytes_per_token"] / KIB, "state MiB": c["state_bytes"] / MIB}
-        for n, b in c["cache_bytes"].items():
-            row[f"GiB at {n:,}"] = b / GIB
-        row["weights (billions)"] = c["weights"] / 1e9
-        for gib in accelerator.memories_gib:
-            fit = c["max_tokens"][gib]
-            row[f"tokens in {gib:g} GiB"] = ("no room" if not c["weights_fit"][gib]
-                                             else "no limit" if fit is None else fit)
-        row[f"ms a token at {c['decode_at']:,}"] = 1e3 * c["decode_seconds"]
-        row["pairs overtake at"] = "never" if c["crossing_tokens"] is None else c["crossing_tokens"]
-        rows[name] = row
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "model"
-    return table
-
-
-def costs_text(costs: dict[str, dict], accelerator: Accelerator = Accelerator()) -> str:
-    """`costs_table` as plain text, one column a model: whole numbers with commas, others to 2 decimals."""
+def costs_text(costs: dict[str, dict],
+               accelerator: Accelerator = Accelerator()) -> str:
+    """`costs_table` as plain text, one column a model: whole numbers with
+    commas, others to 2 decimals."""
     def cell(value) -> str:
         if isinstance(value, numbers.Integral):
             return f"{value:,}"
@@ -3507,14 +3785,20 @@ def costs_text(costs: dict[str, dict], accelerator: Accelerator = Accelerator())
     return costs_table(costs, accelerator).map(cell).T.to_string()
 
 
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+# Command line: print every table of the book
+# ═══════════════════════════════════════════════════════════════════════════════════════════
+
+
 def model_cli(argv: list[str]) -> dict:
-    """`python scripts/tx_part4.py model PATH/config.json …`: Part 8's costs for one config.json."""
+    """`python scripts/tx_part4.py model PATH …`: Part 8's costs for a config.json, or a folder
+    that holds one. Bad input exits 2 with one line (argparse's `error`)."""
     import argparse
 
     default = Accelerator()
     parser = argparse.ArgumentParser(prog="tx_part4.py model", description="Every cost of the book for a "
                                      "model's config.json: cache a token, state, longest conversation, decode time")
-    parser.add_argument("config", help="a Hugging Face config.json")
+    parser.add_argument("config", help="a Hugging Face config.json, or a folder that holds one")
     parser.add_argument("--memory-gib", type=float, nargs="+", default=list(default.memories_gib),
                         help="accelerator memory in GiB (default: 24 80)")
     parser.add_argument("--tb-per-second", type=float, default=default.bytes_per_second / 1e12,
@@ -3533,9 +3817,23 @@ def model_cli(argv: list[str]) -> dict:
             raise ValueError(f"--bytes must be one of {sorted(DTYPES)}, got {args.bytes}")
         config = read_config(args.config)
     except ValueError as error:
-        parser.error(str(error))
-    costs = model_costs(config, meta_weights(config, args.bytes), accelerator, args.tokens, args.bytes,
-                        decode_at=args.tokens[0])
+        parser.error(str(error).splitlines()[0])
+    kinds = layer_kinds(config)
+    windows = [w for _, w in kinds if w]
+    lengths = (7, 33)                                    # past the windows too, where that is cheap
+    if windows and max(windows) <= 8192 and not any(k == "mamba" for k, _ in kinds):
+        lengths += (max(windows) + 4,)
+    try:
+        layers = price_layers(config, lengths, args.bytes)
+        weights = meta_weights(config, args.bytes)
+    except Exception as error:                           # the model does not build or run on meta
+        import transformers
+
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        parser.error(f"model_type {config['model_type']!r}: transformers {transformers.__version__} "
+                     f"could not build and run it on the meta device ({reason})")
+    costs = model_costs(config, weights, accelerator, args.tokens, args.bytes,
+                        decode_at=args.tokens[0], layers=layers)
     return {"config": str(args.config), "source": config.get("_source"), "model_type": config["model_type"],
             "bytes_per_number": args.bytes, "memory_gib": args.memory_gib,
             "bytes_per_second": args.tb_per_second * 1e12,
@@ -3543,7 +3841,7 @@ def model_cli(argv: list[str]) -> dict:
 
 
 def _print_model(result: dict) -> None:
-    """Print `model_cli`'s result: one JSON object, or a table and one line a kind of layer."""
+    """Print `model_cli`'s result: one JSON object, or one line a kind of layer and a table."""
     import json
 
     as_json = result.pop("json")
@@ -3553,15 +3851,12 @@ def _print_model(result: dict) -> None:
     print(f"\n== {result['config']} ({result['model_type']}, {result['bytes_per_number']} bytes a number)")
     for layer in result["layers"]:
         window = f", window {layer['window']:,}" if layer["window"] else ""
+        why = f" ({layer['why']})" if layer["why"] else ""
         print(f"  {layer['layers']} {layer['kind']} layer(s){window}: {layer['bytes_per_token']:,} B a token, "
-              f"{layer['state_bytes']:,} B of fixed state each")
-    print(costs_text({Path(result["config"]).stem: result},
-                     Accelerator(tuple(result["memory_gib"]), result["bytes_per_second"])))
-
-
-# ═══════════════════════════════════════════════════════════════════════════════════════════
-# Command line: print every table of the book
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+              f"{layer['state_bytes']:,} B of fixed state each; formula: {layer['formula']}{why}")
+    name = Path(result["config"]).stem
+    name = Path(result["config"]).parent.name if name == "config" else name
+    print(costs_text({name: result}, Accelerator(tuple(result["memory_gib"]), result["bytes_per_second"])))
 
 
 def _cli_float(x: float) -> str:

@@ -133,9 +133,10 @@ def test_hybrid_layers_and_bytes():
 
 # ── the shipped configs ─────────────────────────────────────────────────────────────────────
 
-def test_nine_shipped_configs_each_with_a_source():
+def test_shipped_configs_each_with_a_source():
     configs = tx.shipped_configs()
-    assert len(configs) == 9 and {"llama-2-7b", "jamba-v0.1", "deepseek-v2-lite"} <= set(configs)
+    assert len(configs) == 11
+    assert {"llama-2-7b", "jamba-v0.1", "deepseek-v2-lite", "mixtral-8x7b", "gpt2"} <= set(configs)
     for name, config in configs.items():
         assert "/" in config["_source"] and "config.json" in config["_source"], name
 
@@ -167,8 +168,9 @@ def test_shipped_config_whole_model_on_meta(path):
 def test_layers_to_build_holds_every_kind_in_order():
     configs = tx.shipped_configs()
     built = {name: tx.layers_to_build(c) for name, c in configs.items()}
-    assert built == {"deepseek-v2-lite": 2, "gemma-2-9b": 2, "jamba-v0.1": 5, "llama-2-13b": 1, "llama-2-7b": 1,
-                     "llama-3-8b": 1, "mamba-130m": 1, "mistral-7b-v0.1": 1, "qwen2.5-7b": 1}
+    assert built == {"deepseek-v2-lite": 2, "gemma-2-9b": 2, "gpt2": 1, "jamba-v0.1": 5, "llama-2-13b": 1,
+                     "llama-2-7b": 1, "llama-3-8b": 1, "mamba-130m": 1, "mistral-7b-v0.1": 1,
+                     "mixtral-8x7b": 1, "qwen2.5-7b": 1}
 
 
 # ── weights, memory, crossing: against searches and closed forms ───────────────────────────
@@ -231,8 +233,9 @@ def test_read_config_from_path_dict_and_object():
 
 
 @pytest.mark.parametrize("change,named", [
-    ({"model_type": "gpt2"}, "model_type 'gpt2'"),
-    ({"num_hidden_layers": None}, "num_hidden_layers"),
+    ({"model_type": "no_such_model"}, "model_type 'no_such_model' is not known to transformers"),
+    ({"model_type": None}, "no model_type"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
     ({"num_attention_heads": 0}, "num_attention_heads"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"),
     ({"head_dim": -8}, "head_dim"),
@@ -244,11 +247,17 @@ def test_read_config_errors_name_the_field(change, named):
         tx.read_config(config)
 
 
-def test_read_config_missing_mla_and_mamba_fields():
-    with pytest.raises(ValueError, match="kv_lora_rank"):
-        tx.read_config({k: v for k, v in BUILT["mla"].items() if k != "kv_lora_rank"})
-    with pytest.raises(ValueError, match="state_size"):
-        tx.read_config({k: v for k, v in BUILT["mamba"].items() if k != "state_size"})
+def test_missing_fields_take_the_config_class_defaults():
+    """A field the config leaves out is the class's default, as for the model transformers builds."""
+    from transformers import DeepseekV2Config, LlamaConfig, MambaConfig
+
+    mla = tx.read_config({k: v for k, v in BUILT["mla"].items() if k != "kv_lora_rank"})
+    assert mla["kv_lora_rank"] == DeepseekV2Config().kv_lora_rank
+    mamba = tx.read_config({k: v for k, v in BUILT["mamba"].items() if k != "state_size"})
+    assert mamba["state_size"] == MambaConfig().state_size
+    llama = tx.read_config({k: v for k, v in BUILT["gqa_head_dim"].items() if k != "num_key_value_heads"})
+    assert llama["num_key_value_heads"] == llama["num_attention_heads"] == 4
+    assert tx.read_config({"model_type": "llama"})["hidden_size"] == LlamaConfig().hidden_size
 
 
 def test_read_config_file_errors(tmp_path):
@@ -282,8 +291,10 @@ def write(tmp_path, name, text):
 @pytest.mark.parametrize("case,named", [
     ("missing_file", "no such file"),
     ("malformed", "not valid JSON"),
-    ("missing_field", "missing field 'num_attention_heads'"),
-    ("unknown_type", "model_type 'bert' is not supported"),
+    ("zero_layers", "num_hidden_layers must be a positive integer"),
+    ("unknown_type", "model_type 'not_a_model' is not known to transformers"),
+    ("no_type", "no model_type"),
+    ("no_meta", "model_type 'bart': transformers"),
     ("memory", "--memory-gib[0] must be a positive number"),
     ("tokens", "--tokens[0] must be a positive integer"),
     ("bandwidth", "--tb-per-second must be a positive number"),
@@ -294,9 +305,12 @@ def test_cli_errors_exit_2_with_one_line(case, named, tmp_path, capsys):
     argv = {
         "missing_file": [str(tmp_path / "nope.json")],
         "malformed": [write(tmp_path, "bad.json", "{")],
-        "missing_field": [write(tmp_path, "missing.json", json.dumps({"model_type": "llama", "num_hidden_layers": 2,
-                                                                 "hidden_size": 8}))],
-        "unknown_type": [write(tmp_path, "bert.json", json.dumps({"model_type": "bert"}))],
+        "zero_layers": [write(tmp_path, "zero.json", json.dumps({"model_type": "llama", "num_hidden_layers": 0}))],
+        "unknown_type": [write(tmp_path, "odd.json", json.dumps({"model_type": "not_a_model"}))],
+        "no_type": [write(tmp_path, "none.json", json.dumps({"hidden_size": 8}))],
+        # an encoder-decoder that cannot run on the meta device: it builds, then fails
+        "no_meta": [write(tmp_path, "bart.json", json.dumps({"model_type": "bart", "encoder_layers": 1,
+                                                             "decoder_layers": 1, "d_model": 16}))],
         "memory": [good, "--memory-gib", "0"],
         "tokens": [good, "--tokens", "-5"],
         "bandwidth": [good, "--tb-per-second", "0"],
@@ -357,3 +371,140 @@ def test_gib_or_mib_format():
     assert tx.GIB_OR_MIB.format(6.25) == "6.25"
     assert tx.GIB_OR_MIB.format(0.0) == "0.00"
     assert tx.GIB_OR_MIB.format(2.53125 / 1024) == "2.53 MiB"
+
+
+# ── any model transformers builds: names, kinds, formula against measurement ────────────────
+
+TINY = dict(vocab_size=64, hidden_size=64, intermediate_size=96, max_position_embeddings=256)
+
+#: Configs built here for the kinds the formula covers (each must be "exact" on every kind).
+COVERED = {
+    # GPT-2 names its sizes n_layer, n_head, n_embd
+    "gpt2_names": dict(model_type="gpt2", n_layer=2, n_head=4, n_embd=32, vocab_size=64, n_positions=64),
+    # Falcon-style multi_query: one key-value head for every query head
+    "falcon_multi_query": dict(model_type="falcon", num_hidden_layers=2, hidden_size=64, num_attention_heads=8,
+                               multi_query=True, vocab_size=64),
+    "bigcode_multi_query": dict(model_type="gpt_bigcode", n_layer=2, n_head=4, n_embd=32, multi_query=True,
+                                vocab_size=64, n_positions=64),
+    # a mixture of experts (Mixtral naming), every layer full attention
+    "mixtral": dict(model_type="mixtral", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    num_local_experts=4, num_experts_per_tok=2, **TINY),
+    # Qwen-MoE naming, with a shared expert
+    "qwen2_moe": dict(model_type="qwen2_moe", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                      shared_expert_intermediate_size=32, **TINY),
+    # DeepSeek-V3: MLA and a mixture of experts with shared experts, dense first layer
+    "deepseek_v3": dict(model_type="deepseek_v3", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=16,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, **TINY),
+    # Mamba-2: its convolution also holds the groups' B and C
+    "mamba2": dict(model_type="mamba2", num_hidden_layers=2, hidden_size=32, state_size=8, conv_kernel=4, expand=2,
+                   n_groups=2, num_heads=8, head_dim=8, vocab_size=64),
+    # windows named layer by layer (Gemma 3's layer_types)
+    "layer_types": dict(model_type="gemma3_text", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, sliding_window=4,
+                        layer_types=["sliding_attention", "full_attention", "sliding_attention"], **TINY),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COVERED))
+def test_formula_covers_and_equals_the_measurement(name):
+    config = tx.read_config(COVERED[name])
+    layers = tx.price_layers(config, lengths=(3, 9))
+    assert {row["formula"] for row in layers} == {"exact"}, layers
+    for n in (1, 3, 9):                                      # and the totals, measured independently
+        assert cache_of(config, n)[0] == tx.cache_bytes(config, n), n
+
+
+def test_gpt2_names_read_as_the_standard_ones():
+    config = tx.read_config(tx.CONFIG_DIR / "gpt2.json")
+    assert (config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]) == (12, 12, 768)
+    assert tx.cache_bytes(config, 1) == 12 * 2 * 12 * 64 * 2
+
+
+def test_multi_query_keeps_one_head():
+    config = tx.read_config(COVERED["falcon_multi_query"])
+    assert tx.key_value_heads(config) == 1
+    assert tx.key_value_heads({**config, "multi_query": False}) == 8
+    _, shapes = cache_of(config, 3)
+    assert shapes[0][1][0][1] == 1                           # one key-value head in the real cache
+
+
+def test_measured_only_kinds_say_why_and_are_priced_from_the_measurement():
+    """Qwen3-Next: gated-delta (linear attention) layers the formula does not know, full attention it does."""
+    config = tx.read_config(dict(model_type="qwen3_next", num_hidden_layers=4, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=16, **TINY))
+    layers = {row["kind"]: row for row in tx.price_layers(config, lengths=(3, 9))}
+    assert layers["attention"]["formula"] == "exact"
+    assert layers["linear_attention"]["formula"] == "measured only"
+    assert "no rule" in layers["linear_attention"]["why"]
+    fixed = {(r["kind"], r["window"]): (r["bytes_per_token"], r["state_bytes"])
+             for r in layers.values() if r["formula"] != "exact"}
+    for n in (3, 9, 20):                                     # the measured pricing holds at other lengths
+        assert tx.cache_bytes(config, n, measured=fixed) == cache_of(config, n)[0]
+    with pytest.raises(ValueError, match="linear_attention"):
+        tx.cache_bytes(config, 3)                            # no formula, no measurement: it says so
+
+
+def test_partial_when_a_layer_holds_more_than_the_formula_counts():
+    verdict, why = tx.formula_verdict({"keys and values": [10, 20], "state": [0, 0]},
+                                      [{"keys and values": 10, "state": 0, "indexer_keys": 4},
+                                       {"keys and values": 20, "state": 0, "indexer_keys": 8}])
+    assert verdict == "partial" and "indexer_keys" in why
+    verdict, why = tx.formula_verdict({"keys and values": [10, 20], "state": [0, 0]},
+                                      [{"keys and values": 12, "state": 0}, {"keys and values": 24, "state": 0}])
+    assert verdict == "measured only" and "formula 20 bytes, measured 24" in why
+
+
+@pytest.mark.parametrize("name,moe_layers,experts,chosen,width", [
+    ("mixtral", 2, 4, 2, 96),            # Mixtral's experts are as wide as intermediate_size
+    ("qwen2_moe", 2, 4, 2, 16),          # moe_intermediate_size; the shared expert is always read
+    ("deepseek_v3", 2, 4, 2, 16),        # first layer dense; shared experts always read
+])
+def test_active_weights_follow_the_expert_fields(name, moe_layers, experts, chosen, width):
+    """Routed experts by closed form (3 matrices of width × expert width, each expert, each MoE layer),
+    against the count on the meta-built model."""
+    config = tx.read_config(COVERED[name])
+    total, read = tx.meta_weights(config)
+    model = tx.meta_model(config)
+    assert total == sum(p.numel() for p in model.parameters())
+    routed = moe_layers * experts * 3 * config["hidden_size"] * width
+    assert tx.routed_experts(model, experts) == routed
+    assert read == total - routed + routed * chosen // experts
+    shared = sum(p.numel() for n, p in model.named_parameters() if "shared_expert" in n)
+    assert (shared > 0) == (name != "mixtral")               # read whole, inside `read`
+
+
+def test_shipped_mixture_of_experts_totals():
+    mixtral = tx.shipped_configs()["mixtral-8x7b"]
+    total, read = tx.meta_weights(mixtral)
+    assert round(total / 1e9, 1) == 46.7 and round(read / 1e9, 1) == 12.9     # the Mixtral paper's figures
+
+
+def test_read_config_from_a_model_folder(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text((tx.CONFIG_DIR / "llama-3-8b.json").read_text())
+    assert tx.read_config(folder)["num_key_value_heads"] == 8
+    with pytest.raises(ValueError, match="no such file"):
+        tx.read_config(tmp_path)                             # a folder without a config.json
+
+
+def test_cli_json_on_a_folder_gives_a_formula_for_each_kind(tmp_path, capsys):
+    folder = tmp_path / "gemma"
+    folder.mkdir()
+    (folder / "config.json").write_text((tx.CONFIG_DIR / "gemma-2-9b.json").read_text())
+    tx.main(["model", str(folder), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert [(layer["window"], layer["formula"]) for layer in result["layers"]] == [(4096, "exact"), (None, "exact")]
+    assert result["weights_read_per_token"] == result["weights"]
+
+
+def test_cli_says_measured_only_and_why(tmp_path, capsys):
+    path = write(tmp_path, "next.json", json.dumps(dict(model_type="qwen3_next", num_hidden_layers=4,
+                                                        num_attention_heads=4, num_key_value_heads=2,
+                                                        head_dim=16, **TINY)))
+    tx.main(["model", path])
+    out = capsys.readouterr().out
+    assert "formula: measured only (no rule for this kind of layer)" in out and "formula: exact" in out
