@@ -282,3 +282,21 @@ def test_sync_leaves_unchanged_pairs_alone(tmp_path, monkeypatch):
     time.sleep(0.01)
     book.sync()
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == times
+
+
+def test_pybtex_finds_the_same_plugins_once_registered():
+    """scripts/bibtex_plugins.py registers every installed pybtex plugin at run time: each
+    lookup the citations make returns the class the entry points name."""
+    from importlib.metadata import entry_points
+
+    import pybtex.plugin
+
+    import bibtex_plugins
+
+    assert bibtex_plugins.register_installed_plugins() > 0
+    for group, name in (("pybtex.backends", "plaintext"), ("pybtex.style.formatting", "alpha"),
+                        ("pybtex.style.formatting", "plain"), ("pybtex.style.labels", "alpha")):
+        (entry,) = entry_points(group=group, name=name)
+        assert pybtex.plugin.find_plugin(group, name) is entry.load()
+    assert pybtex.plugin.find_plugin("pybtex.style.names") is \
+        pybtex.plugin.find_plugin("pybtex.style.names", "plain")
