@@ -300,3 +300,17 @@ def test_pybtex_finds_the_same_plugins_once_registered():
         assert pybtex.plugin.find_plugin(group, name) is entry.load()
     assert pybtex.plugin.find_plugin("pybtex.style.names") is \
         pybtex.plugin.find_plugin("pybtex.style.names", "plain")
+
+
+def test_a_failed_render_reads_every_page_next_time(tmp_path, monkeypatch):
+    """Sphinx warns about a page only while it reads it: after a failed render the next build
+    must read every page again, or it would pass on the page that warned."""
+    doctrees = tmp_path / ".doctrees"
+    doctrees.mkdir()
+    (doctrees / "environment.pickle").write_bytes(b"pickled")
+    monkeypatch.setattr(book, "BUILD", tmp_path)
+    failed = subprocess.CompletedProcess([], 1, stdout="", stderr="notebooks/01.md: WARNING: x")
+    monkeypatch.setattr(book.subprocess, "run", lambda *args, **kwargs: failed)
+    with pytest.raises(book.BuildError, match="WARNING: x"):
+        book.html()
+    assert not (doctrees / "environment.pickle").exists()
