@@ -18,9 +18,10 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 .PHONY: book test env sync check-sync execute check-numbers numbers ledger html tables clean lab serve
 
-## book: install if needed, check the pairs, execute every notebook, render the site, check every number
+## book: install if needed, check the pairs, execute the notebooks whose inputs changed (every one
+## with FRESH=1 or in CI), render the pages that changed, check every number
 book: env
-	$(BIN)/python scripts/book.py build
+	$(BIN)/python scripts/book.py build$(if $(FRESH), --fresh)
 
 ## test: install if needed, lint scripts/ and tests/, run the test suite
 test: env
@@ -56,7 +57,7 @@ check-sync: env
 	$(BIN)/python scripts/book.py check-sync
 
 execute: env
-	$(BIN)/python scripts/book.py execute
+	$(BIN)/python scripts/book.py execute$(if $(FRESH), --fresh)
 
 ## check-numbers: compare the last build's glued numbers with numbers.toml
 check-numbers: env

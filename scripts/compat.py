@@ -198,7 +198,7 @@ def inside_lowest() -> None:
     check_kernel()
     glued: dict = {}
     try:
-        book.execute(glued=glued)
+        book.execute(glued=glued, fresh=True)     # every notebook, on these versions
         accept_release_names(glued)
         book.check_numbers(glued=glued)
     except book.BuildError as error:
@@ -219,8 +219,9 @@ def run_alone(path: str) -> tuple[str, float, str | None, object]:
     """Copy one .ipynb into an empty folder and execute it there, offline, with a last cell that
     reports where the book's files came from; (name, seconds, error, executed notebook)."""
     import nbformat
-    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
+
+    import book  # the kernels' config (transport encryption where the versions have it)
 
     name = Path(path).stem
     with tempfile.TemporaryDirectory() as folder:
@@ -230,7 +231,7 @@ def run_alone(path: str) -> tuple[str, float, str | None, object]:
         if sorted(os.listdir(folder)) != [copy.name]:
             return name, 0.0, f"the folder is not empty: {os.listdir(folder)}", None
         notebook.cells.append(nbformat.v4.new_code_cell(WHERE))
-        kernel = KernelManager(kernel_name=notebook.metadata.get("kernelspec", {}).get("name", ""))
+        kernel = book.kernel_manager(notebook.metadata.get("kernelspec", {}).get("name", ""))
         start = time.perf_counter()
         try:
             NotebookClient(notebook, km=kernel, timeout=TIMEOUT, allow_errors=False,

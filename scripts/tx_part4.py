@@ -1,14 +1,16 @@
-"""Helpers of the book *Why Self-Attention* (Part 4 of the series: §4 and Table 1 of
-*Attention Is All You Need*).
+"""Helpers of the book *Why Self-Attention* (Part 4 of the series: §4 and
+Table 1 of *Attention Is All You Need*).
 
 Every notebook imports this one module. It holds two kinds of code:
 
-* the book's mechanics: `show` glues a number for the prose and prints it for a reader,
-  `show_table` does the same for every cell of a table, `setup` fixes seeds and threads;
-* the arithmetic and the layers the book explains, part by part, each a short function with a
-  docstring and a comment for each term of a count.
+* the book's mechanics: `show` glues a number for the prose and prints it
+  for a reader, `show_table` does the same for every cell of a table,
+  `setup` fixes seeds and threads;
+* the arithmetic and the layers the book explains, part by part, each a
+  short function with a docstring and a comment for each term of a count.
 
-Run `python scripts/tx_part4.py` to print every table of the book as plain text.
+Run `python scripts/tx_part4.py` to print every table of the book as plain
+text.
 """
 
 from __future__ import annotations
@@ -32,70 +34,127 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-# transformers imports tqdm.auto, which warns in a kernel without ipywidgets; the book needs no bars.
+# transformers imports tqdm.auto, which warns in a kernel without
+# ipywidgets; the book needs no bars.
 warnings.filterwarnings("ignore", message="IProgress not found")
 
-#: This module under the name the notebooks give it, so that code saved from a notebook cell
-#: (`tx.check_positive(...)`) runs unchanged here (d2l's `d2l = sys.modules[__name__]`).
+#: This module under the name the notebooks give it, so that code saved from
+#: a notebook cell (`tx.check_positive(...)`) runs unchanged here (d2l's
+#: `d2l = sys.modules[__name__]`).
 tx = sys.modules[__name__]
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
-# Part 0 · the book's mechanics: checks of input, glue, tables, seeds, figure style
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
+# Part 0 · the book's mechanics: input checks, glue, tables, seeds, style
+# ══════════════════════════════════════════════════════════════════════════
 
-#: The kinds of number the book checks (see numbers.toml and scripts/book.py).
+#: The kinds of number the book checks (see numbers.toml and
+#: scripts/book.py).
 KINDS = ("exact", "close", "seeded", "measured", "recorded")
 
-#: myst-nb stores a glued value under this mime prefix, so that it is kept but not displayed.
+#: myst-nb stores a glued value under this mime prefix, so that it is kept
+#: but not displayed.
 GLUE_PREFIX = "application/papermill.record/"
 
 
 def check_positive(**sizes: int) -> None:
-    """Raise ValueError naming the first argument that is not a positive whole number."""
+    """Raise ValueError naming the first argument that is not a positive
+    whole number."""
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or value < 1
+        ):
+            raise ValueError(
+                f"{name} must be a positive integer, got {value!r}"
+            )
 
 
 def check_nonnegative(**counts: int) -> None:
-    """Raise ValueError naming the first argument that is not a whole number ≥ 0."""
+    """Raise ValueError naming the first argument that is not a whole number
+    ≥ 0."""
     for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or value < 0
+        ):
+            raise ValueError(
+                f"{name} must be a whole number ≥ 0, got {value!r}"
+            )
 
 
-def check_rate(low_open: bool = False, high_open: bool = False, **rates: float) -> None:
-    """Raise ValueError naming the first rate outside [0, 1] (or (0, 1], [0, 1), (0, 1))."""
+def check_rate(
+    low_open: bool = False, high_open: bool = False, **rates: float
+) -> None:
+    """Raise ValueError naming the first rate outside [0, 1] (or the
+    half-open or open interval that the flags ask for)."""
     for name, rate in rates.items():
         above = rate > 0 if low_open else rate >= 0
         below = rate < 1 if high_open else rate <= 1
-        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not (above and below):
-            span = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, numbers.Real)
+            or not (above and below)
+        ):
+            span = (
+                f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+            )
             raise ValueError(f"{name} must lie in {span}, got {rate!r}")
 
 
 def check_positive_number(**values: float) -> None:
-    """Raise ValueError naming the first argument that is not a finite number > 0."""
+    """Raise ValueError naming the first argument that is not a finite
+    number > 0."""
     for name, value in values.items():
-        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-                or value <= 0):
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(
+                f"{name} must be a positive number, got {value!r}"
+            )
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-    """Queries (..., n, d), keys and values (..., m, d) of one width, and an optional (n, m) bool mask."""
-    if (q.dim() < 2 or k.shape != v.shape or q.shape[-1] != k.shape[-1]
-            or q.shape[:-2] != k.shape[:-2]):
-        raise ValueError(f"q, k, v must be (..., n, d), (..., m, d), (..., m, d) tensors, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != (q.shape[-2], k.shape[-2])):
-        raise ValueError(f"mask must be ({q.shape[-2]}, {k.shape[-2]}) booleans, got "
-                         f"{tuple(mask.shape)} {mask.dtype}")
+def check_qkv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> None:
+    """Queries (..., n, d), keys and values (..., m, d) of one width, and an
+    optional (n, m) bool mask."""
+    if (
+        q.dim() < 2
+        or k.shape != v.shape
+        or q.shape[-1] != k.shape[-1]
+        or q.shape[:-2] != k.shape[:-2]
+    ):
+        raise ValueError(
+            "q, k, v must be (..., n, d), (..., m, d), (..., m, d) "
+            f"tensors, got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    if mask is not None and (
+        mask.dtype != torch.bool or mask.shape != (q.shape[-2], k.shape[-2])
+    ):
+        raise ValueError(
+            f"mask must be ({q.shape[-2]}, {k.shape[-2]}) booleans, got "
+            f"{tuple(mask.shape)} {mask.dtype}"
+        )
 
 
 def plain(value):
-    """A plain Python bool, int, float or str: glue cannot format NumPy or torch scalars."""
-    if isinstance(value, (bool, int, float, str)) and type(value) in (bool, int, float, str):
+    """A plain Python bool, int, float or str: glue cannot format NumPy or
+    torch scalars."""
+    if isinstance(value, (bool, int, float, str)) and type(value) in (
+        bool,
+        int,
+        float,
+        str,
+    ):
         return value
     if hasattr(value, "item"):  # a NumPy scalar or a one-element tensor
         value = value.item()
@@ -107,22 +166,27 @@ def plain(value):
         return float(value)
     if isinstance(value, str):
         return str(value)
-    raise ValueError(f"value must be a number, a bool or a string, got {type(value).__name__}")
+    raise ValueError(
+        "value must be a number, a bool or a string, got "
+        f"{type(value).__name__}"
+    )
 
 
 def _in_notebook() -> bool:
-    """True inside a Jupyter kernel (JupyterLab, Colab, the book's build)."""
+    """True inside a Jupyter kernel (JupyterLab, Colab, the build)."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython else None
     return shell is not None and hasattr(shell, "kernel")
 
 
 def _glue(key: str, value, kind: str, tol: float | None, **hint) -> None:
-    """Store `value` under `key` the way myst-nb's glue does, plus a hint of its kind.
+    """Store `value` under `key` the way myst-nb's glue does, plus a hint of
+    its kind.
 
-    myst-nb reads the `scrapbook` metadata; scripts/book.py also reads `why_self_attention`:
-    the kind and tolerance seed a new key in numbers.toml; a claim's `ratio` and `threshold`
-    and a phrase's `values` go to the number check and the ledger.
+    myst-nb reads the `scrapbook` metadata; scripts/book.py also reads
+    `why_self_attention`: the kind and tolerance seed a new key in
+    numbers.toml; a claim's `ratio` and `threshold` and a phrase's `values`
+    go to the number check and the ledger.
     """
     from IPython.core.formatters import format_display_data
     from IPython.display import display
@@ -130,17 +194,29 @@ def _glue(key: str, value, kind: str, tol: float | None, **hint) -> None:
     bundle, metadata = format_display_data(value)
     metadata["scrapbook"] = {"name": key, "mime_prefix": GLUE_PREFIX}
     metadata["why_self_attention"] = {"kind": kind, "tol": tol, **hint}
-    display({GLUE_PREFIX + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
+    display(
+        {GLUE_PREFIX + mime: data for mime, data in bundle.items()},
+        raw=True,
+        metadata=metadata,
+    )
 
 
-def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float | None = None,
-         **hint):
-    """Glue `value` under `key` for the page's prose, and print it for a reader.
+def show(
+    key: str,
+    value,
+    fmt: str = "{:,}",
+    kind: str | None = None,
+    tol: float | None = None,
+    **hint,
+):
+    """Glue `value` under `key` for the page's prose, and print it for a
+    reader.
 
-    In the rendered book the prose pastes the value with {glue:text}`key:fmt`; in Jupyter or
-    Colab, where glue is invisible, the printed line shows it. `kind` says how the build checks
-    it (exact, close, seeded, measured); by default whole numbers are exact, floats close.
-    Returns the plain value, so that a cell can go on using it.
+    In the rendered book the prose pastes the value with
+    {glue:text}`key:fmt`; in Jupyter or Colab, where glue is invisible, the
+    printed line shows it. `kind` says how the build checks it (exact,
+    close, seeded, measured); by default whole numbers are exact, floats
+    close. Returns the plain value, so that a cell can go on using it.
     """
     check_key(key)
     value = plain(value)
@@ -150,90 +226,152 @@ def show(key: str, value, fmt: str = "{:,}", kind: str | None = None, tol: float
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if _in_notebook():
         _glue(key, value, kind, tol, **hint)
-    print(f"{key} = {value if isinstance(value, bool) else fmt.format(value)}")   # "{:,}" makes True 1
+    print(
+        f"{key} = {value if isinstance(value, bool) else fmt.format(value)}"
+    )  # "{:,}" makes True 1
     return value
 
 
 def check_key(key: str) -> None:
-    """Raise ValueError unless `key` can be a glue key (no spaces, colons or braces)."""
-    if not isinstance(key, str) or not key or any(c.isspace() or c in "`:{}" for c in key):
-        raise ValueError(f"key must be a non-empty name without spaces, colons or braces, got {key!r}")
+    """Raise ValueError unless `key` can be a glue key (no spaces, colons or
+    braces)."""
+    if (
+        not isinstance(key, str)
+        or not key
+        or any(c.isspace() or c in "`:{}" for c in key)
+    ):
+        raise ValueError(
+            "key must be a non-empty name without spaces, colons or "
+            f"braces, got {key!r}"
+        )
 
 
 def claim(key: str, ratio: float, threshold: float = 1.0) -> bool:
-    """A claim the argument rests on, measured on this machine: `ratio` exceeds `threshold`.
+    """A claim the argument rests on, measured on this machine: `ratio`
+    exceeds `threshold`.
 
-    Write the ratio so that larger means "the claim holds" (slow time ÷ fast time, a share
-    kept ÷ nothing). The claim is glued under `key` as an exact boolean, so the build fails if
-    it flips; the ratio and the threshold travel with it, and the ledger shows both and the
-    margin ratio ÷ threshold. A margin under 2 is a claim that another machine may flip: measure
-    it where the margin is wide, or make the sentence follow the measurement (`phrase`).
-    Returns the verdict. Never paste it into a sentence: the page states the claim, the build
-    checks it.
+    Write the ratio so that larger means "the claim holds" (slow time ÷ fast
+    time, a share kept ÷ nothing). The claim is glued under `key` as an
+    exact boolean, so the build fails if it flips; the ratio and the
+    threshold travel with it, and the ledger shows both and the margin ratio
+    ÷ threshold. A margin under 2 is a claim that another machine may flip:
+    measure it where the margin is wide, or make the sentence follow the
+    measurement (`phrase`). Returns the verdict. Never paste it into a
+    sentence: the page states the claim, the build checks it.
     """
     check_key(key)
     check_positive_number(threshold=threshold)
     ratio = plain(ratio)
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
+    if (
+        isinstance(ratio, bool)
+        or not isinstance(ratio, (int, float))
+        or not math.isfinite(ratio)
+    ):
         raise ValueError(f"ratio must be a finite number, got {ratio!r}")
-    return show(key, bool(ratio > threshold), kind="exact", ratio=float(ratio),
-                threshold=float(threshold))
+    return show(
+        key,
+        bool(ratio > threshold),
+        kind="exact",
+        ratio=float(ratio),
+        threshold=float(threshold),
+    )
 
 
 def phrase(key: str, condition: bool, if_true: str, if_false: str) -> str:
-    """Words for a sentence that follow a measurement on this machine: glue `if_true` or
-    `if_false` under `key` ("the band is {glue:text}`band_vs_mask` the mask" reads "faster than"
-    or "slower than"). Kind *measured*: the number check accepts either phrase, and no other.
-    Returns the phrase."""
+    """Words for a sentence that follow a measurement on this machine: glue
+    `if_true` or `if_false` under `key` ("the band is
+    {glue:text}`band_vs_mask` the mask" reads "faster than" or "slower
+    than"). Kind *measured*: the number check accepts either phrase, and no
+    other. Returns the phrase."""
     check_key(key)
     for name, words in (("if_true", if_true), ("if_false", if_false)):
         if not isinstance(words, str) or not words.strip():
-            raise ValueError(f"{name} must be a non-empty phrase, got {words!r}")
+            raise ValueError(
+                f"{name} must be a non-empty phrase, got {words!r}"
+            )
     if if_true == if_false:
-        raise ValueError(f"if_true and if_false must differ, got {if_true!r} twice")
+        raise ValueError(
+            f"if_true and if_false must differ, got {if_true!r} twice"
+        )
     words = if_true if bool(condition) else if_false
-    return show(key, words, "{}", kind="measured", values=[if_true, if_false])
+    return show(
+        key, words, "{}", kind="measured", values=[if_true, if_false]
+    )
 
 
-def record(values: dict | None = None, /, *, kind: str | None = None, tol: float | None = None,
-           **named) -> dict:
-    """Glue several values at once: `record(a=1, b=2.5)` or `record({f"share_{n}": s, ...})`.
+def record(
+    values: dict | None = None,
+    /,
+    *,
+    kind: str | None = None,
+    tol: float | None = None,
+    **named,
+) -> dict:
+    """Glue several values at once: `record(a=1, b=2.5)` or
+    `record({f"share_{n}": s, ...})`.
 
-    Each value is glued under its key and printed as `key = value`, as `show` does; `kind` and
-    `tol` apply to all of them. Keys built from the variables that made the values (f-strings)
-    follow a reader who changes those variables. Returns the plain values, by key.
+    Each value is glued under its key and printed as `key = value`, as
+    `show` does; `kind` and `tol` apply to all of them. Keys built from the
+    variables that made the values (f-strings) follow a reader who changes
+    those variables. Returns the plain values, by key.
     """
     values = {**(values or {}), **named}
     if not values:
-        raise ValueError("values must name at least one value to record, got none")
+        raise ValueError(
+            "values must name at least one value to record, got none"
+        )
     done = {}
     for key, value in values.items():
         value = plain(value)
-        fmt = "{:,.6g}" if isinstance(value, float) else "{}" if isinstance(value, str) else "{:,}"
+        fmt = (
+            "{:,.6g}"
+            if isinstance(value, float)
+            else "{}"
+            if isinstance(value, str)
+            else "{:,}"
+        )
         done[key] = show(key, value, fmt, kind, tol)
     return done
 
 
 def table_key(name: str, row, column) -> str:
-    """The glue key of one cell of a shown table: name.row.column, spaces made underscores."""
-    return ".".join(str(part).replace(" ", "_") for part in (name, row, column))
+    """The glue key of one cell of a shown table: name.row.column, spaces
+    made underscores."""
+    return ".".join(
+        str(part).replace(" ", "_") for part in (name, row, column)
+    )
 
 
-def show_table(name: str, table: pd.DataFrame, kind: str | None = None, tol: float | None = None,
-               formats: dict[str, str] | None = None):
-    """Show a table to the reader and glue every numeric cell, so that the build checks it.
+def show_table(
+    name: str,
+    table: pd.DataFrame,
+    kind: str | None = None,
+    tol: float | None = None,
+    formats: dict[str, str] | None = None,
+):
+    """Show a table to the reader and glue every numeric cell, so that the
+    build checks it.
 
-    Cell (row, column) is glued as `name.row.column`. `formats` maps a column to a format
-    string for display (whole numbers get thousands separators by default).
+    Cell (row, column) is glued as `name.row.column`. `formats` maps a
+    column to a format string for display (whole numbers get thousands
+    separators by default).
     """
     formats = formats or {}
-    for column in table.columns:                  # column by column: a row would mix the dtypes
+    for (
+        column
+    ) in table.columns:  # column by column: a row would mix the dtypes
         for row, value in table[column].items():
-            if isinstance(value, (numbers.Number, bool)) or hasattr(value, "item"):
+            if isinstance(value, (numbers.Number, bool)) or hasattr(
+                value, "item"
+            ):
                 value = plain(value)
-                cell_kind = kind or ("close" if isinstance(value, float) else "exact")
+                cell_kind = kind or (
+                    "close" if isinstance(value, float) else "exact"
+                )
                 if _in_notebook():
-                    _glue(table_key(name, row, column), value, cell_kind, tol)
+                    _glue(
+                        table_key(name, row, column), value, cell_kind, tol
+                    )
     shown = table.copy()
     for column in shown.columns:
         fmt = formats.get(column)
@@ -243,76 +381,99 @@ def show_table(name: str, table: pd.DataFrame, kind: str | None = None, tol: flo
             shown[column] = shown[column].map(fmt.format)
     if _in_notebook():
         from IPython.display import display
+
         display(shown)
     else:
         print(shown.to_string())
     return table
 
 
-#: Tests simulate another machine: JSON in this variable replaces facts that `machine` reads
-#: (say '{"largest_cache_bytes": 314572800, "cores": 64}'), in the kernel that runs a page.
+#: Tests simulate another machine: JSON in this variable replaces facts that
+#: `machine` reads (say '{"largest_cache_bytes": 314572800, "cores": 64}'),
+#: in the kernel that runs a page.
 MACHINE_ENV = "WHY_SELF_ATTENTION_MACHINE"
 
-#: The size of torch's intra-op thread pool as torch found it, before `setup` pins one thread.
+#: The size of torch's intra-op thread pool as torch found it, before
+#: `setup` pins one thread.
 THREADS_AT_IMPORT = torch.get_num_threads()
 
 
 def largest_cache_bytes() -> int | None:
-    """The size of this CPU's largest cache in bytes, as the operating system reports it (Linux
-    sysfs, macOS sysctl); None where it says nothing. One instance: on most CPUs the last-level
-    cache is shared by the cores, and this book times one thread."""
+    """The size of this CPU's largest cache in bytes, as the operating
+    system reports it (Linux sysfs, macOS sysctl); None where it says
+    nothing. One instance: on most CPUs the last-level cache is shared by
+    the cores, and this book times one thread."""
     import re
     import subprocess
 
     sizes = []
-    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob(
+        "index*/size"
+    ):
         found = re.fullmatch(r"(\d+)([KMG]?)", entry.read_text().strip())
         if found:
-            sizes.append(int(found[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[found[2]])
+            sizes.append(
+                int(found[1])
+                * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[found[2]]
+            )
     if not sizes and sys.platform == "darwin":
         for name in ("hw.l3cachesize", "hw.l2cachesize"):
-            done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True)
+            done = subprocess.run(
+                ["sysctl", "-n", name], capture_output=True, text=True
+            )
             if done.returncode == 0 and done.stdout.strip().isdigit():
                 sizes.append(int(done.stdout.strip()))
     return max(sizes) if sizes else None
 
 
 def cpu_name() -> str:
-    """The processor's model name as the operating system gives it ("unknown" where it does not)."""
+    """The processor's model name as the operating system gives it
+    ("unknown" where it does not)."""
     import platform
 
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
+            if line.lower().startswith(
+                ("model name", "hardware", "cpu model")
+            ):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown"
 
 
 def machine() -> dict:
-    """Facts about the machine that runs this page: read, never assumed. Every sentence about
-    the hardware takes its words from these (and every page prints them, through `setup`).
+    """Facts about the machine that runs this page: read, never assumed.
+    Every sentence about the hardware takes its words from these (and every
+    page prints them, through `setup`).
 
-    cpu: the processor's name; cores: logical cores the OS reports; threads: torch's thread
-    pool before `setup`; largest_cache_bytes: the largest CPU cache (None if unknown);
-    blas: the matrix library torch calls; kernels: the instruction set of torch's CPU kernels.
-    The variable named by MACHINE_ENV replaces any of them (tests simulate other machines).
+    cpu: the processor's name; cores: logical cores the OS reports; threads:
+    torch's thread pool before `setup`; largest_cache_bytes: the largest CPU
+    cache (None if unknown); blas: the matrix library torch calls; kernels:
+    the instruction set of torch's CPU kernels. The variable named by
+    MACHINE_ENV replaces any of them (tests simulate other machines).
     """
     import json
     import os
     import re
 
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    facts = {"cpu": cpu_name(), "cores": os.cpu_count() or 1, "threads": THREADS_AT_IMPORT,
-             "largest_cache_bytes": largest_cache_bytes(),
-             "blas": blas[1] if blas else "unknown",
-             "kernels": torch.backends.cpu.get_cpu_capability()}
+    facts = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count() or 1,
+        "threads": THREADS_AT_IMPORT,
+        "largest_cache_bytes": largest_cache_bytes(),
+        "blas": blas[1] if blas else "unknown",
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+    }
     override = os.environ.get(MACHINE_ENV)
     if override:
         replaced = json.loads(override)
         unknown = sorted(set(replaced) - set(facts))
         if unknown:
-            raise ValueError(f"{MACHINE_ENV} names unknown facts {unknown}; known: {sorted(facts)}")
+            raise ValueError(
+                f"{MACHINE_ENV} names unknown facts {unknown}; "
+                f"known: {sorted(facts)}"
+            )
         facts.update(replaced)
     return facts
 
@@ -322,17 +483,21 @@ def machine_text(facts: dict | None = None) -> str:
     facts = facts or machine()
     cache = facts["largest_cache_bytes"]
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
-    return (f"{facts['cpu']}, {facts['cores']} cores, torch's pool {facts['threads']} threads, "
-            f"largest cache {cache}, BLAS {facts['blas']}, kernels {facts['kernels']}")
+    return (
+        f"{facts['cpu']}, {facts['cores']} cores, "
+        f"torch's pool {facts['threads']} threads, largest cache {cache}, "
+        f"BLAS {facts['blas']}, kernels {facts['kernels']}"
+    )
 
 
 def setup(seed: int = 0, threads: int = 1) -> str:
-    """Fix the random seed and the number of CPU threads, set the figure style; say what was set
-    and what machine this is (`machine`).
+    """Fix the random seed and the number of CPU threads, set the figure
+    style; say what was set and what machine this is (`machine`).
 
-    It also freezes the objects that exist now: the libraries just imported, some million
-    objects that live as long as the kernel. Python's garbage collector then stops scanning them
-    again at every full collection, which made a page's figures and tables up to 20 % slower.
+    It also freezes the objects that exist now: the libraries just imported,
+    some million objects that live as long as the kernel. Python's garbage
+    collector then stops scanning them again at every full collection, which
+    made a page's figures and tables up to 20 % slower.
     """
     import gc
 
@@ -340,32 +505,49 @@ def setup(seed: int = 0, threads: int = 1) -> str:
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     use_book_style()
-    gc.freeze()                    # imported modules never become garbage: leave them out of it
-    return (f"torch {torch.__version__}, seed {seed}, {threads} CPU thread(s)\n"
-            f"machine: {machine_text()}")
+    # imported modules never become garbage: leave them out of it
+    gc.freeze()
+    return (
+        f"torch {torch.__version__}, seed {seed}, {threads} CPU thread(s)\n"
+        f"machine: {machine_text()}"
+    )
 
 
 def use_book_style() -> None:
-    """Figures with a white background, labelled axes and readable fonts, in light and dark mode."""
+    """Figures with a white background, labelled axes and readable fonts, in
+    light and dark mode."""
     import matplotlib as mpl
 
-    mpl.rcParams.update({
-        "figure.facecolor": "white", "axes.facecolor": "white", "savefig.facecolor": "white",
-        "figure.figsize": (6.4, 3.8), "figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3,
-        "axes.spines.top": False, "axes.spines.right": False, "font.size": 10,
-        "legend.frameon": False,
-    })
+    mpl.rcParams.update(
+        {
+            "figure.facecolor": "white",
+            "axes.facecolor": "white",
+            "savefig.facecolor": "white",
+            "figure.figsize": (6.4, 3.8),
+            "figure.dpi": 110,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "font.size": 10,
+            "legend.frameon": False,
+        }
+    )
 
 
-#: Tables that `python scripts/tx_part4.py` prints: (title, function that makes a DataFrame).
+#: Tables that `python scripts/tx_part4.py` prints: (title, function that
+#: makes a DataFrame).
 TABLES: list[tuple[str, Callable[[], pd.DataFrame]]] = []
 
 
 def cli_table(title: str):
-    """Register a function that returns a DataFrame, so that the command line prints it."""
+    """Register a function that returns a DataFrame, so that the command
+    line prints it."""
+
     def register(make: Callable[[], pd.DataFrame]):
         TABLES.append((title, make))
         return make
+
     return register
 
 

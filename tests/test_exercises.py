@@ -71,14 +71,27 @@ def test_solutions_glue_only_ex_keys_and_numbers_toml_checks_them(md):
         assert not missing, f"{md.name}: {missing} not in numbers.toml (run `make numbers`)"
 
 
-def test_the_exercises_page_lists_every_exercise():
+def test_the_exercises_page_lists_every_exercise_with_its_title():
     text = book.exercises_text()
     for md in PAGES:
-        for label, _ in book.exercises(md):
-            assert f"{{ref}}`{label}`" in text
+        for label, title in book.exercises(md):
+            assert title, f"{md.name}: exercise {label} has no title"
+            assert f"- {{numref}}`{label}`: {title}\n" in text
 
 
-def test_glue_keys_reads_every_form():
-    code = ('tx.record(ex_a=1, kind="measured")\ntx.record({"ex_b": 2})\n'
-            'tx.record({f"ex_c_{n}": n for n in (1, 2)})\ntx.show("d", 3)\n')
-    assert glue_keys(code) == ["ex_a", "ex_b", "ex_c_{…}", "d"]
+def test_each_part_is_headed_by_its_title_not_a_comment_of_its_code():
+    """The exercises page heads each part with the page's title; a `# ` line in a code cell
+    (the Colab cell's first line) is a comment, not a heading."""
+    text = book.exercises_text()
+    assert "Colab only" not in text
+    for md in PAGES:
+        title = book.page_title(md)
+        assert title.startswith("Part "), (md.name, title)
+        assert f"## [{title}](../notebooks/{md.stem}.md)" in text
+
+
+def test_the_title_is_the_first_heading_outside_code(tmp_path):
+    page = tmp_path / "09_x.md"
+    page.write_text("```{code-cell} ipython3\n# Colab only: a comment\nx = 1\n```\n\n"
+                    "Some prose.\n\n# Part 9 · The real title\n\n## A section\n", encoding="utf-8")
+    assert book.page_title(page) == "Part 9 · The real title"

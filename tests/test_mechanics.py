@@ -37,7 +37,8 @@ def test_show_glues_in_a_real_kernel_with_its_kind(tmp_path):
         "import pandas as pd\n"
         "tx.show_table('t', pd.DataFrame({'a': [1, 2]}, index=[10, 20]))")]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(notebook, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(notebook, timeout=120, resources={"metadata": {"path": str(tmp_path)}},
+                   config=book.kernel_config()).execute()
     found = book.glued_in_notebook(notebook)
     assert found["count"].value == 746496 and found["count"].kind == "exact"
     assert found["wall_ms"].value == 1.5 and found["wall_ms"].kind == "measured"
@@ -150,3 +151,57 @@ def test_a_saved_cell_that_runs_code_is_refused(tmp_path, monkeypatch):
                     encoding="utf-8")
     with pytest.raises(book.BuildError, match="may only define"):
         book.saved_cells(page)
+
+
+def test_a_visible_code_line_wider_than_the_page_fails_check_sync(tmp_path, monkeypatch):
+    """Every code cell a reader can see counts, `hide-input` included; removed cells do not.
+    The failure names the page, the line in the .md and its length."""
+    wide = "x = " + "1 + " * 20 + "1"                                  # 85 characters
+    page = tmp_path / "09_wide.md"
+    page.write_text(
+        "# T\n\n```{code-cell} ipython3\nshort = 1\n" + wide + "\n```\n\n"         # line 5
+        "```{code-cell} ipython3\n:tags: [hide-input]\n\n" + wide + "\n```\n\n"    # line 11
+        "```{code-cell} ipython3\n:tags: [remove-cell]\n\n" + wide + "\n```\n\n"
+        "```{code-cell} ipython3\n:tags: [remove-input]\n\n" + wide + "\n```\n\n"
+        "A paragraph of prose is not code, however long it is: " + "word " * 30 + "\n",
+        encoding="utf-8")
+    found = book.wide_lines(page)
+    assert [line.split(":")[0] for line in found] == [f"{page}, line 5", f"{page}, line 11"]
+    assert all(f"{len(wide)} characters (at most 76)" in line for line in found)
+    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path)
+    with pytest.raises(book.BuildError, match=r"09_wide.md, line 11: 85 characters"):
+        book.check_width()
+
+
+def test_code_as_wide_as_the_page_passes(tmp_path):
+    page = tmp_path / "09_fits.md"
+    page.write_text("# T\n\n```{code-cell} ipython3\n" + "y" * 76 + "\n```\n", encoding="utf-8")
+    assert book.wide_lines(page) == []
+
+
+def test_every_line_of_the_module_fits_the_page():
+    """Saved cells are copied into the module unchanged, and the hand-written part follows:
+    a reader who opens scripts/tx_part4.py reads it at the width of the page."""
+    lines = book.MODULE.read_text(encoding="utf-8").splitlines()
+    wide = [f"line {number}: {len(line)} characters" for number, line in enumerate(lines, 1)
+            if len(line) > book.CODE_WIDTH]
+    assert not wide, (f"{len(wide)} line(s) of {book.rel(book.MODULE)} wider than "
+                      f"{book.CODE_WIDTH} characters:\n  " + "\n  ".join(wide[:40]))
+
+
+def test_a_block_written_by_an_older_sync_still_matches(tmp_path, monkeypatch):
+    """An older `make sync` wrote a longer first line for each block: the copies still agree,
+    and the next `make sync` writes the short one."""
+    module = tmp_path / "tx_part4.py"
+    text = book.MODULE.read_text(encoding="utf-8")
+    page = book.notebook_sources()[0].stem
+    old = (f"# ── saved from notebooks/{page}.md by `make sync` (cells marked #@save): "
+           f"edit them there ──")
+    module.write_text(text.replace(book.block_begin(page), old), encoding="utf-8")
+    if old not in module.read_text(encoding="utf-8"):
+        module.write_text(text, encoding="utf-8")
+    book.check_saved(module)
+    book.sync_saved(module)
+    assert book.block_begin(page) in module.read_text(encoding="utf-8")
+    assert old not in module.read_text(encoding="utf-8")
+    book.check_saved(module)

@@ -210,3 +210,39 @@ def test_make_numbers_keeps_a_phrase_and_a_claim(tmp_path, monkeypatch):
     assert again["p"]["words"]["values"] == ["faster than", "slower than"]
     assert again["p"]["wins"]["threshold"] == 1.5
     assert compare(again, glued) == []
+
+
+def test_the_build_names_the_claims_near_their_threshold():
+    """After the check, one plain line per claim with a margin under 2, closest first."""
+    glued = {"05_x": {"band": Glued(True, "exact", None, 1.4, 1.0),
+                      "chain": Glued(True, "exact", None, 30.0, 1.0),
+                      "count": Glued(12, "exact")},
+             "02_y": {"loop": Glued(True, "exact", None, 2.2, 2.0)}}
+    lines = book.claims_near_threshold(glued)
+    assert lines == ["claims near their threshold: loop (02_y) 1.10",
+                     "claims near their threshold: band (05_x) 1.40"]
+    assert not any("WARNING" in line for line in lines)
+    assert book.claims_near_threshold({"p": {"wide": Glued(True, "exact", None, 9.0, 1.0)}}) == []
+
+
+def test_glued_values_come_back_from_the_cache_record(tmp_path, monkeypatch):
+    """The executed copy's record keeps each glued value with its hints: the check over every
+    page reads them without opening the executed notebooks."""
+    from dataclasses import asdict
+
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    md = tmp_path / "09_page.md"
+    md.write_text(book.NOTEBOOKS.joinpath("01_costs.md").read_text(encoding="utf-8"),
+                  encoding="utf-8")
+    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path)
+    monkeypatch.setattr(book, "CACHE", tmp_path / "cache")
+    found = {"wins": Glued(True, "exact", None, 4.0, 1.5),
+             "words": Glued("faster than", "measured", values=["faster than", "slower than"]),
+             "n": Glued(746496, "exact"), "share": Glued(0.25, "close", 1e-6)}
+    get_cache(str(tmp_path / "cache")).cache_notebook_bundle(CacheBundleIn(
+        book.read_md(md, copy=True), str(md),
+        data={"glued": {key: asdict(value) for key, value in found.items()}}),
+        check_validity=False)
+    assert book.glued_values() == {"09_page": found}

@@ -47,7 +47,7 @@ AXE_TIMEOUT = 100        # seconds for axe-core on one page (the ledger's 5,500 
 # does not exist (a 404 in the console); only css-orientation-lock reads the CSSOM.
 AXE_OPTIONS = json.dumps({"resultTypes": ["violations"], "preload": False})
 AXE_REPORT = sitekit.ROOT / "_build" / "axe.json"
-ASPECTS = ("console", "images", "glue", "launch", "download", "math", "network", "axe")
+ASPECTS = ("console", "images", "glue", "launch", "download", "math", "network", "axe", "scroll")
 
 
 # ── the browser ───────────────────────────────────────────────────────────────────────────
@@ -222,7 +222,25 @@ def visit(driver, site: Site, page: str, shot: Path | None = None) -> dict[str, 
     if shot is not None:
         screenshot(driver, shot, full_page=True)
     found["network"] = sitekit.offsite_requests(page, driver.get_log("performance"), site.url)
+    found["scroll"] = scroll_check(driver, page)         # last: it opens the collapsed cells
     return found
+
+
+#: Every collapsed cell opened (a reader expands "Show code"), then each code cell's source
+#: measured: wider than its box means a sideways scroll bar. (first line, scroll, client width)
+WIDE_CELLS = """
+document.querySelectorAll('details').forEach(d => { d.open = true; });
+return Array.from(document.querySelectorAll('div.cell_input pre'))
+  .filter(pre => pre.scrollWidth > pre.clientWidth)
+  .map(pre => [pre.textContent.split('\\n')[0], pre.scrollWidth, pre.clientWidth]);
+"""
+
+
+def scroll_check(driver, page: str) -> list[str]:
+    """Every code cell a reader can see (those under "Show code" opened) fits its column at the
+    window's width (1,280 px): none needs a sideways scroll bar. Names the cell's first line."""
+    return [f"{page}: a code cell scrolls sideways ({wide} px in {shown} px), first line "
+            f"{first.strip()[:70]!r}" for first, wide, shown in driver.execute_script(WIDE_CELLS)]
 
 
 def glue_check(driver, site: Site, page: str, source: Path) -> list[str]:
@@ -488,6 +506,8 @@ SITE_MATHJAX = ('<script>window.MathJax = {options: {processHtmlClass: "math"}}<
 FORMULAS = ('<p>Work per layer <span class="math">\\(n^2 \\cdot d\\)</span>, and '
             'on its own line:</p><div class="math">\\[ \\frac{n}{d} \\]</div>'
             '<p>Also written $$ n \\cdot d^2 $$ in plain text.</p>')
+#: A line of 120 characters, put first in a real page's first code cell: it must scroll.
+WIDE_LINE = "<span>wide_line = " + "1 + " * 25 + "1</span>\n"
 CRAFTED = {
     # the same formulas, typeset by the site's MathJax: the math check passes (a control)
     "crafted_math.html": dict(title="Typeset", head=SITE_MATHJAX,
@@ -522,9 +542,16 @@ def crafted(browser, site, tmp_path_factory):
     assert removed, f"{page} loads no MathJax script"
     without = str(Path(page).with_name("without_mathjax.html").as_posix())
     (html / without).write_text(text, encoding="utf-8")
+    wide_text, widened = re.subn(r'(<div class="cell_input[^"]*">.*?<pre>)', r"\1" + WIDE_LINE,
+                                 (site.html / page).read_text(encoding="utf-8"), count=1,
+                                 flags=re.S)
+    assert widened, f"{page} has no code cell"
+    wide = str(Path(page).with_name("wide_cell.html").as_posix())
+    (html / wide).write_text(wide_text, encoding="utf-8")
     with Server(html) as server:
         copy = Site(html, server.url, site.root, site.glued)
-        yield {name: visit(browser, copy, name) for name in [*CRAFTED, without]}, without, html
+        yield ({name: visit(browser, copy, name) for name in [*CRAFTED, without, wide]},
+               without, html, wide)
 
 
 def test_typeset_math_passes_the_math_check(crafted):
@@ -535,7 +562,7 @@ def test_typeset_math_passes_the_math_check(crafted):
 
 
 def test_raw_tex_is_caught(crafted):
-    found, without, _ = crafted
+    found, without, *_ = crafted
     math = found["crafted_raw_tex.html"]["math"]
     for delimiter in (r"\(", r"\[", "$$"):
         assert any(f"raw TeX {delimiter} shown" in p for p in math), (delimiter, math)
@@ -547,12 +574,18 @@ def test_raw_tex_is_caught(crafted):
 
 
 def test_an_offsite_request_is_caught(crafted):
-    found, _, html = crafted
+    found, _, html, _ = crafted
     network = found["crafted_offsite.html"]["network"]
     assert network == ["crafted_offsite.html: requests https://example.com/x.png, which is not "
                        "on the site"], network
     static = sitekit.offsite_resources(html, ["crafted_offsite.html"])
     assert static and "https://example.com/x.png" in static[0], static
+
+
+def test_a_code_cell_wider_than_the_page_is_caught(crafted):
+    found, _, _, wide = crafted
+    scroll = found[wide]["scroll"]
+    assert any("wide_line = 1 + 1" in problem and wide in problem for problem in scroll), scroll
 
 
 def test_an_accessibility_violation_is_caught(crafted):

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import nbformat  # imported here, once: the forked workers share it
 import pytest
-from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 import book
@@ -41,7 +40,7 @@ def run_alone(path: str) -> tuple[str, float, str | None]:
         copy = Path(folder) / Path(path).name
         shutil.copy(path, copy)
         notebook = nbformat.read(copy, as_version=4)
-        kernel = KernelManager(kernel_name=notebook.metadata.get("kernelspec", {}).get("name", ""))
+        kernel = book.kernel_manager(notebook.metadata.get("kernelspec", {}).get("name", ""))
         command = kernel.format_kernel_cmd()
         if command[0] != sys.executable:
             return name, 0.0, f"the kernel runs {command[0]}, not this project's {sys.executable}"
