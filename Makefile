@@ -21,7 +21,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 ## book: install if needed, check the pairs, execute the notebooks whose inputs changed (every one
 ## with FRESH=1 or in CI), render the pages that changed, check every number
 book: env
-	$(BIN)/python scripts/book.py build$(if $(FRESH), --fresh)
+	$(BIN)/python scripts/book.py build$(if $(filter 1 true yes,$(FRESH)), --fresh)
 
 ## test: install if needed, lint scripts/ and tests/, run the test suite
 test: env
@@ -57,7 +57,7 @@ check-sync: env
 	$(BIN)/python scripts/book.py check-sync
 
 execute: env
-	$(BIN)/python scripts/book.py execute$(if $(FRESH), --fresh)
+	$(BIN)/python scripts/book.py execute$(if $(filter 1 true yes,$(FRESH)), --fresh)
 
 ## check-numbers: compare the last build's glued numbers with numbers.toml
 check-numbers: env

@@ -527,8 +527,14 @@ def touch_stamp(stem: str) -> None:
 
 
 def fresh_requested(fresh: bool = False) -> bool:
-    """A fresh build: asked for (`make book FRESH=1`, `--fresh`) or in CI (CI=true)."""
-    return fresh or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    """A fresh build: asked for (`--fresh`, or FRESH=1 in the environment, as `make book FRESH=1`
+    sets it), or in CI (CI=true) unless FRESH=0 says otherwise (a pull request's workflow
+    renders incrementally from its restored execution cache)."""
+    if fresh:
+        return True
+    if os.environ.get("FRESH", "") != "":
+        return os.environ["FRESH"].lower() in ("1", "true", "yes")
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def execute(only: list[str] | None = None, glued: dict | None = None,

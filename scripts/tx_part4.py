@@ -581,7 +581,7 @@ class ExampleAccelerator:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/01_costs.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/01_costs.md (#@save): edit there ──
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -949,7 +949,7 @@ def load_tokenizer(name_or_dir: str | Path | None = None):
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/02_sequential_steps.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/02_sequential_steps.md (#@save): edit there ──
 
 def node_depths(root) -> dict:
     """The depth of every node of an autograd graph under `root`:
@@ -1293,7 +1293,7 @@ RECORDED_H200 = {
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/03_paths.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/03_paths.md (#@save): edit there ──
 
 def window_links(n: int, offsets: Iterable[int]) -> torch.Tensor:
     """The link table of one layer: links[i, j] is True if output i
@@ -1685,7 +1685,7 @@ def load_encoder(name_or_dir: str | Path | None = None):
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/04_gradients.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/04_gradients.md (#@save): edit there ──
 
 def chain_gradient(keep: float, steps: int) -> float:
     """Method 2: autograd through h_t = keep · h_(t-1) + x_t.
@@ -1988,7 +1988,7 @@ def check_window(**windows: int) -> None:
             raise ValueError(f"{name} must be odd (the query and {name} // 2 keys on each side), got {r}")
 
 
-# ── saved from notebooks/05_restricted_attention.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/05_restricted_attention.md (#@save): edit there ──
 
 def window_mask(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2 (Table 1's neighbourhood r)."""
@@ -2282,7 +2282,7 @@ def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), 
 
 
 
-# ── saved from notebooks/06_kv_cache.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/06_kv_cache.md (#@save): edit there ──
 
 def kv_bytes_per_token(model: tx.ExampleModel = tx.ExampleModel()) -> int:
     """Bytes the cache keeps for one token: a key and a value per layer and per key-value head."""
@@ -2801,7 +2801,7 @@ def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/07_state_space_hybrids.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/07_state_space_hybrids.md (#@save): edit there ──
 
 def scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """h_t = a_t · h_(t-1) + b_t along the last dimension, one step after
@@ -3284,7 +3284,7 @@ def _quiet_transformers():
 # ═══════════════════════════════════════════════════════════════════════════════════════════
 
 
-# ── saved from notebooks/08_your_model.md by `make sync` (cells marked #@save): edit them there ──
+# ── saved from notebooks/08_your_model.md (#@save): edit there ──
 
 #: The architecture fields of real published configs, shipped with the book.
 CONFIG_DIR = Path(tx.__file__).resolve().parent / "tx_model_configs"

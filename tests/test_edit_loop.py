@@ -142,10 +142,16 @@ def test_the_cache_key_of_jupytext_is_the_key_of_myst_nb(tmp_path):
         assert ours == theirs, md.name
 
 
-@pytest.mark.parametrize("variable,value,fresh", [("CI", "true", True), ("CI", "", False),
-                                                   ("CI", "false", False)])
-def test_ci_builds_fresh(monkeypatch, variable, value, fresh):
-    monkeypatch.setenv(variable, value)
+@pytest.mark.parametrize("ci,fresh_var,fresh", [
+    ("true", None, True), ("", None, False), ("false", None, False),
+    ("true", "0", False),            # a pull request's workflow: incremental from its cache
+    ("", "1", True), ("false", "1", True), ("true", "", True)])
+def test_ci_builds_fresh_unless_fresh_says_otherwise(monkeypatch, ci, fresh_var, fresh):
+    monkeypatch.setenv("CI", ci)
+    if fresh_var is None:
+        monkeypatch.delenv("FRESH", raising=False)
+    else:
+        monkeypatch.setenv("FRESH", fresh_var)
     assert book.fresh_requested() is fresh
     assert book.fresh_requested(True) is True
 
