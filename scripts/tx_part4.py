@@ -1679,7 +1679,8 @@ def _two_products(q, k, v):
 
 def time_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
                seed: int = 0, device: str = "cpu", min_time: float = 0.1,
-               statistic: str = "median") -> pd.DataFrame:
+               statistic: str = "median",
+               min_runs: int = 3) -> pd.DataFrame:
     """Wall time of the masked, banded and blocked versions, and of the
     masked version's two products alone (ms, after a warm-up).
 
@@ -1687,7 +1688,8 @@ def time_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
     the median of the runs or their lower quartile ("q1"), which the runs
     that other programs interrupt do not move. Also each version's rate
     (counted product FLOPs ÷ time) and the share of its FLOP saving over
-    the mask that it keeps as time."""
+    the mask that it keeps as time. Each time takes at least min_runs
+    runs, and more until min_time seconds have passed."""
     if statistic not in ("q1", "median"):
         raise ValueError(f"statistic must be 'q1' or 'median', "
                          f"got {statistic!r}")
@@ -1701,7 +1703,8 @@ def time_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
                      "blocked": (blocked_attention, r),
                      "products": (_two_products,)}
             timed = {name: tx.time_call(fn, q, k, v, *rest,
-                                        min_time=min_time)
+                                        min_time=min_time,
+                                        min_runs=min_runs)
                      for name, (fn, *rest) in calls.items()}
             t = {name: x[statistic] for name, x in timed.items()}
             f = {"masked": masked_flops(n, d),
@@ -1788,7 +1791,8 @@ def aten_ops(fn, *args, **kwargs) -> list[str]:
 
 def causal_time_table(ns=(256, 4096), d: int = 64, seed: int = 0,
                       device: str = "cpu", min_time: float = 0.1,
-                      statistic: str = "q1") -> pd.DataFrame:
+                      statistic: str = "q1",
+                      min_runs: int = 3) -> pd.DataFrame:
     """Wall time of F.scaled_dot_product_attention on (1, 1, n, d)
     inputs: with no mask, with is_causal=True, and with the same causal
     triangle as a boolean mask (milliseconds)."""
@@ -1809,7 +1813,8 @@ def causal_time_table(ns=(256, 4096), d: int = 64, seed: int = 0,
                 def call(q, k, v, kw=kw):
                     return sdpa(q, k, v, **kw)
                 # tensors as arguments: a GPU is waited for
-                timed = tx.time_call(call, q, k, v, min_time=min_time)
+                timed = tx.time_call(call, q, k, v, min_time=min_time,
+                                     min_runs=min_runs)
                 row[name] = 1e3 * timed[statistic]
             for name in ("is_causal", "boolean mask"):
                 row[f"no mask ÷ {name}"] = (row["no mask ms"]

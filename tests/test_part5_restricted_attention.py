@@ -104,6 +104,8 @@ def test_time_table_has_positive_times():
     assert math.isclose(row["masked GFLOP/s"], tx.masked_flops(32, 8) / (row["masked ms"] / 1e3) / 1e9)
     assert math.isclose(row["banded GFLOP/s"], tx.banded_flops(32, 8, 5) / (row["banded ms"] / 1e3) / 1e9)
     assert 3 <= row["fewest runs"] <= row["most runs"] <= 15        # time_call's default bounds
+    fewer = tx.time_table(ns=(32,), d=8, r=5, min_time=0, min_runs=2).loc[32]
+    assert fewer["fewest runs"] == fewer["most runs"] == 2           # min_runs reaches time_call
 
 
 def test_causal_time_table_columns():
