@@ -30,8 +30,6 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 import torch.utils._python_dispatch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 # transformers imports tqdm.auto, which warns in a kernel without
@@ -1990,172 +1988,243 @@ def check_window(**windows: int) -> None:
 
 # ── saved from notebooks/05_restricted_attention.md (#@save): edit there ──
 
-def window_mask(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2 (Table 1's neighbourhood r)."""
+def window_mask(n: int, r: int, device="cpu") -> torch.Tensor:
+    """(n, n) booleans: query i may look at key j when |i − j| ≤ r // 2
+    (Table 1's neighbourhood r)."""
     tx.check_positive(n=n)
     tx.check_window(r=r)
-    row = torch.arange(n, device=device)[:, None]            # query positions, one per row
-    col = torch.arange(n, device=device)[None, :]            # key positions, one per column
-    return (col >= row - r // 2) & (col <= row + r // 2)     # r // 2 keys on each side, and itself
+    row = torch.arange(n, device=device)[:, None]   # queries, one per row
+    col = torch.arange(n, device=device)[None, :]   # keys, one per column
+    # r // 2 keys on each side, and the query itself
+    return (col >= row - r // 2) & (col <= row + r // 2)
 
 
-def band_slots(n: int, r: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """(n, r) key positions: row i holds the keys i − r//2 … i + r//2 of its window; −1 is padding."""
+def band_slots(n: int, r: int, device="cpu") -> torch.Tensor:
+    """(n, r) key positions: row i holds the keys i − r//2 … i + r//2 of
+    its window; −1 is padding."""
     tx.check_positive(n=n)
     tx.check_window(r=r)
-    row = torch.arange(n, device=device)[:, None]            # one row per query
-    slot = torch.arange(r, device=device)[None, :]           # one slot per key of its window
-    slots = row + slot - r // 2                              # slot s of row i: key i + s − r//2
-    return slots.masked_fill((slots < 0) | (slots >= n), -1)   # before the start or after the end
+    row = torch.arange(n, device=device)[:, None]   # one row per query
+    slot = torch.arange(r, device=device)[None, :]  # one slot per key
+    slots = row + slot - r // 2      # slot s of row i: key i + s − r//2
+    outside = (slots < 0) | (slots >= n)   # before the start, past the end
+    return slots.masked_fill(outside, -1)
 
 
-def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
-    """The same result as attention_core with window_mask(n, r), computing only n × r scores."""
+def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     r: int) -> torch.Tensor:
+    """The same result as attention_core with window_mask(n, r), computing
+    only n × r scores."""
     tx.check_qkv(q, k, v)
     if q.dim() != 2 or k.shape != q.shape:
-        raise ValueError(f"q, k, v must be three (n, d) tensors of one shape, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"q, k, v must be three (n, d) tensors of one "
+                         f"shape, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
     tx.check_window(r=r)
     n, d = q.shape
     half = r // 2
-    k_win = F.pad(k, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): row i holds keys i − half … i + half
-    v_win = F.pad(v, (0, 0, half, half)).unfold(0, r, 1)      # (n, d, r): and their values (zero rows = padding)
-    scores = (q[:, None, :] @ k_win)[:, 0, :] / math.sqrt(d)  # (n, r): r dot products per query
-    scores = scores.masked_fill(band_slots(n, r, q.device) < 0, float("-inf"))   # padding: weight 0
-    weights = torch.softmax(scores, dim=-1)                   # (n, r)
-    return (v_win @ weights[:, :, None])[:, :, 0]             # (n, d): each query mixes its r values
-
-
-def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: int) -> torch.Tensor:
-    """The same result as banded_attention, in the block shape real kernels use: blocks of r
-    queries, each against the 2r − 1 keys its block can reach, in dense matrix products."""
-    tx.check_qkv(q, k, v)
-    tx.check_window(r=r)
-    (n, d), half, blocks = q.shape, r // 2, -(-q.shape[0] // r)   # ⌈n / r⌉ blocks of r queries
-    pad = blocks * r - n                                          # queries past the end (dropped)
-    q_blk = F.pad(q, (0, 0, 0, pad)).view(blocks, r, d)           # (blocks, r, d)
-    k_span = F.pad(k, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # (blocks, d, 2r − 1)
-    v_span = F.pad(v, (0, 0, half, half + pad)).unfold(0, 2 * r - 1, r)   # their values
-    slot, row = torch.arange(2 * r - 1, device=q.device), torch.arange(r, device=q.device)[:, None]
-    inside = (slot - half - row).abs() <= half                   # (r, 2r − 1): query's own window
-    key = torch.arange(blocks, device=q.device)[:, None, None] * r - half + slot   # key of each slot
-    allowed = inside & (key >= 0) & (key < n)                    # and the key exists
-    scores = (q_blk @ k_span / math.sqrt(d)).masked_fill(~allowed, float("-inf"))  # (blocks, r, 2r − 1)
-    mixed = torch.softmax(scores, dim=-1) @ v_span.transpose(1, 2)                # (blocks, r, d)
-    return mixed.reshape(blocks * r, d)[:n]
-
-# ── end of the cells saved from notebooks/05_restricted_attention.md ──
+    # (n, d, r): row i holds keys i − half … i + half (zero rows: padding)
+    k_win = F.pad(k, (0, 0, half, half)).unfold(0, r, 1)
+    v_win = F.pad(v, (0, 0, half, half)).unfold(0, r, 1)  # and their values
+    # (n, r): r dot products per query
+    scores = (q[:, None, :] @ k_win)[:, 0, :] / math.sqrt(d)
+    padding = band_slots(n, r, q.device) < 0
+    scores = scores.masked_fill(padding, float("-inf"))  # padding: weight 0
+    weights = torch.softmax(scores, dim=-1)                # (n, r)
+    # (n, d): each query mixes the r values of its window
+    return (v_win @ weights[:, :, None])[:, :, 0]
 
 
 def masked_flops(n: int, d: int) -> int:
-    """FLOPs of attention_core's matrix products with a mask (2 FLOPs a multiply-add, as FlopCounterMode counts)."""
-    check_positive(n=n, d=d)
-    scores = n * n * d           # Q Kᵀ: all n × n dot products of d numbers, masked or not
-    mix = n * n * d              # weights V: n rows, each a sum over n values of d numbers
+    """FLOPs of attention_core's matrix products with a mask (2 FLOPs a
+    multiply-add, as FlopCounterMode counts)."""
+    tx.check_positive(n=n, d=d)
+    scores = n * n * d    # Q Kᵀ: all n × n dot products, masked or not
+    mix = n * n * d       # weights V: n rows, each a sum over n values
     return 2 * (scores + mix)
 
 
 def banded_flops(n: int, d: int, r: int) -> int:
-    """FLOPs of banded_attention's matrix products: only the r slots of each query's window."""
-    check_positive(n=n, d=d)
-    check_window(r=r)
-    scores = n * r * d           # each query against the r keys of its window
-    mix = n * r * d              # each query mixes the r values of its window
+    """FLOPs of banded_attention's matrix products: only the r slots of
+    each query's window."""
+    tx.check_positive(n=n, d=d)
+    tx.check_window(r=r)
+    scores = n * r * d    # each query against the r keys of its window
+    mix = n * r * d       # each query mixes the r values of its window
     return 2 * (scores + mix)
+
+
+def flop_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
+               device: str = "meta") -> pd.DataFrame:
+    """FLOPs of the masked and the banded versions: counted from the
+    shapes and by FlopCounterMode (on "meta": no numbers computed)."""
+    rows = {}
+    for n in ns:
+        tx.check_positive(n=n, d=d)
+        q, k, v = (torch.empty(n, d, device=device) for _ in range(3))
+        mask = window_mask(n, r, device)
+        rows[n] = {
+            "masked counted": masked_flops(n, d),
+            "masked counter": tx.flops(tx.attention_core, q, k, v, mask),
+            "banded counted": banded_flops(n, d, r),
+            "banded counter": tx.flops(banded_attention, q, k, v, r),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n"
+    same = [table[f"{v} counted"] == table[f"{v} counter"]
+            for v in ("masked", "banded")]
+    table["equal"] = same[0] & same[1]
+    table["ratio"] = table["masked counted"] / table["banded counted"]
+    return table
+
+
+def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      r: int) -> torch.Tensor:
+    """The same result as banded_attention, in the block shape real
+    kernels use: blocks of r queries, each against the 2r − 1 keys its
+    block can reach, in dense matrix products."""
+    tx.check_qkv(q, k, v)
+    tx.check_window(r=r)
+    (n, d), half = q.shape, r // 2
+    blocks = -(-n // r)                   # ⌈n / r⌉ blocks of r queries
+    pad = blocks * r - n                  # queries past the end (dropped)
+    span = 2 * r - 1                      # keys one block can reach
+    q_blk = F.pad(q, (0, 0, 0, pad)).view(blocks, r, d)
+    # (blocks, d, 2r − 1): the keys of each block's span, and their values
+    k_span = F.pad(k, (0, 0, half, half + pad)).unfold(0, span, r)
+    v_span = F.pad(v, (0, 0, half, half + pad)).unfold(0, span, r)
+    slot = torch.arange(span, device=q.device)
+    row = torch.arange(r, device=q.device)[:, None]
+    inside = (slot - half - row).abs() <= half   # the query's own window
+    first = torch.arange(blocks, device=q.device)[:, None, None] * r
+    key = first - half + slot                    # the key in each slot
+    allowed = inside & (key >= 0) & (key < n)    # and the key exists
+    scores = q_blk @ k_span / math.sqrt(d)       # (blocks, r, 2r − 1)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    mixed = weights @ v_span.transpose(1, 2)     # (blocks, r, d)
+    return mixed.reshape(blocks * r, d)[:n]
 
 
 def blocked_flops(n: int, d: int, r: int) -> int:
-    """FLOPs of blocked_attention's matrix products: ⌈n/r⌉ blocks of r queries, 2r − 1 keys each."""
-    check_positive(n=n, d=d)
-    check_window(r=r)
-    blocks = -(-n // r)                  # ⌈n / r⌉ blocks of r queries (the last one padded)
-    scores = blocks * r * (2 * r - 1) * d   # each query against every key its block can reach
-    mix = blocks * r * (2 * r - 1) * d      # each query mixes the values of that span
+    """FLOPs of blocked_attention's matrix products: ⌈n/r⌉ blocks of r
+    queries, 2r − 1 keys each."""
+    tx.check_positive(n=n, d=d)
+    tx.check_window(r=r)
+    blocks = -(-n // r)      # ⌈n / r⌉ blocks of r queries (the last padded)
+    # each query against every key its block can reach
+    scores = blocks * r * (2 * r - 1) * d
+    mix = blocks * r * (2 * r - 1) * d    # and it mixes their values
     return 2 * (scores + mix)
 
 
-def _qkv(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _qkv(n: int, d: int, seed: int):
     """Three seeded random (n, d) tensors for q, k, v."""
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(n, d, generator=g) for _ in range(3))
 
 
-def flop_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17,
-               device: str = "meta") -> pd.DataFrame:
-    """FLOPs of the masked and the banded versions: counted from the shapes and by FlopCounterMode.
-
-    The counter needs only the operations and their shapes, so by default the code runs on
-    PyTorch's "meta" device: the same operations, no numbers computed (device="cpu" computes them)."""
-    rows = {}
-    for n in ns:
-        check_positive(n=n, d=d)
-        q, k, v = (torch.empty(n, d, device=device) for _ in range(3))
-        rows[n] = {
-            "masked counted": masked_flops(n, d),
-            "masked counter": flops(attention_core, q, k, v, window_mask(n, r, device)),
-            "banded counted": banded_flops(n, d, r),
-            "banded counter": flops(banded_attention, q, k, v, r),
-        }
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "n"
-    table["equal"] = ((table["masked counted"] == table["masked counter"])
-                      & (table["banded counted"] == table["banded counter"]))
-    table["ratio"] = table["masked counted"] / table["banded counted"]
-    return table
+def _two_products(q, k, v):
+    """The masked version's two matrix products alone: no scaling, no
+    mask, no softmax between them (the values do not change the time)."""
+    return (q @ k.transpose(-2, -1)) @ v
 
 
-@cli_table("Part 5 · FLOPs of masked (n × n) and banded (n × r) attention, d = 64, r = 17")
-def _flop_table() -> pd.DataFrame:
-    """The FLOP table at the book's sizes (for the command line)."""
-    return flop_table()
+def time_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
+               seed: int = 0, device: str = "cpu", min_time: float = 0.1,
+               statistic: str = "median",
+               min_runs: int = 3) -> pd.DataFrame:
+    """Wall time of the masked, banded and blocked versions, and of the
+    masked version's two products alone (ms, after a warm-up).
 
-
-def time_table(ns: Iterable[int] = (256, 1024, 4096), d: int = 64, r: int = 17, seed: int = 0,
-               device: str = "cpu", min_time: float = 0.1, statistic: str = "median") -> pd.DataFrame:
-    """Wall time of the masked, banded and blocked versions (milliseconds, after a warm-up).
-
-    Timed with `time_call`, which waits for a GPU to finish before it reads the clock. Each time
-    is the median of its runs, or with statistic="q1" their lower quartile: on a machine shared
-    with other programs, the runs they interrupt are the slow ones, and they move a median.
-    Besides the times: each version's rate (its counted matrix-product FLOPs ÷ its time), the
-    share of its FLOP saving over the mask that a version keeps as time, and the runs timed."""
+    tx.time_call waits for a GPU before it reads the clock. statistic:
+    the median of the runs or their lower quartile ("q1"), which the runs
+    that other programs interrupt do not move. Also each version's rate
+    (counted product FLOPs ÷ time) and the share of its FLOP saving over
+    the mask that it keeps as time. Each time takes at least min_runs
+    runs, and more until min_time seconds have passed."""
     if statistic not in ("q1", "median"):
-        raise ValueError(f"statistic must be 'q1' or 'median', got {statistic!r}")
+        raise ValueError(f"statistic must be 'q1' or 'median', "
+                         f"got {statistic!r}")
     rows = {}
     with torch.no_grad():
         for n in ns:
             q, k, v = (t.to(device) for t in _qkv(n, d, seed))
             mask = window_mask(n, r, device)
-            masked = time_call(attention_core, q, k, v, mask, min_time=min_time)
-            banded = time_call(banded_attention, q, k, v, r, min_time=min_time)
-            blocked = time_call(blocked_attention, q, k, v, r, min_time=min_time)
-            t_masked, t_banded, t_blocked = (t[statistic] for t in (masked, banded, blocked))
-            f_masked, f_banded, f_blocked = masked_flops(n, d), banded_flops(n, d, r), blocked_flops(n, d, r)
-            rows[n] = {"masked ms": 1e3 * t_masked, "banded ms": 1e3 * t_banded, "time ratio": t_masked / t_banded,
-                       "FLOP ratio": f_masked / f_banded,
-                       "saving kept": (t_masked / t_banded) / (f_masked / f_banded),     # time ratio ÷ FLOP ratio
-                       "blocked ms": 1e3 * t_blocked, "blocked time ratio": t_masked / t_blocked,
-                       "blocked FLOP ratio": f_masked / f_blocked,
-                       "blocked saving kept": (t_masked / t_blocked) / (f_masked / f_blocked),
-                       "masked GFLOP/s": f_masked / t_masked / 1e9,                  # product FLOPs a second
-                       "banded GFLOP/s": f_banded / t_banded / 1e9,
-                       "blocked GFLOP/s": f_blocked / t_blocked / 1e9,
-                       "fewest runs": min(t["runs"] for t in (masked, banded, blocked)),
-                       "most runs": max(t["runs"] for t in (masked, banded, blocked))}
+            calls = {"masked": (tx.attention_core, mask),
+                     "banded": (banded_attention, r),
+                     "blocked": (blocked_attention, r),
+                     "products": (_two_products,)}
+            timed = {name: tx.time_call(fn, q, k, v, *rest,
+                                        min_time=min_time,
+                                        min_runs=min_runs)
+                     for name, (fn, *rest) in calls.items()}
+            t = {name: x[statistic] for name, x in timed.items()}
+            f = {"masked": masked_flops(n, d),
+                 "banded": banded_flops(n, d, r),
+                 "blocked": blocked_flops(n, d, r)}
+            row = {f"{name} ms": 1e3 * t[name] for name in t}
+            for name in ("banded", "blocked"):
+                time_ratio = t["masked"] / t[name]
+                flop_ratio = f["masked"] / f[name]
+                pre = "" if name == "banded" else "blocked "
+                row[f"{pre}time ratio"] = time_ratio
+                row[f"{pre}FLOP ratio"] = flop_ratio
+                row[f"{pre}saving kept"] = time_ratio / flop_ratio
+            for name in f:      # product FLOPs a second, in billions
+                row[f"{name} GFLOP/s"] = f[name] / t[name] / 1e9
+            row["products share"] = t["products"] / t["masked"]
+            row["fewest runs"] = min(x["runs"] for x in timed.values())
+            row["most runs"] = max(x["runs"] for x in timed.values())
+            rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
 
 
 def score_table_bytes(n: int, bytes_per_number: int = 4) -> dict[str, int]:
-    """Bytes of the masked version's n × n tables: the scores (single precision) and the boolean mask."""
-    check_positive(n=n, bytes_per_number=bytes_per_number)
-    return {"scores": n * n * bytes_per_number,   # one number per (query, key) pair
-            "mask": n * n}                        # one byte per pair (torch.bool)
+    """Bytes of the masked version's n × n tables: the scores (single
+    precision) and the boolean mask."""
+    tx.check_positive(n=n, bytes_per_number=bytes_per_number)
+    return {"scores": n * n * bytes_per_number,   # a number per pair
+            "mask": n * n}                        # a byte per pair (bool)
 
 
-def aten_ops(fn: Callable, *args, **kwargs) -> list[str]:
-    """The names of the ATen operations that fn(*args, **kwargs) runs, in order: which kernel ran."""
+def causal_mask(n: int, window: int | None = None,
+                n_global: int = 0) -> torch.Tensor:
+    """(n, n) booleans of a decoder: key j ≤ query i; with a window, only
+    the last `window` keys (itself included); the first `n_global`
+    positions stay visible to every later query."""
+    tx.check_positive(n=n)
+    if window is not None:
+        tx.check_positive(window=window)
+    tx.check_nonnegative(n_global=n_global)
+    row, col = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    allowed = col <= row                    # causal: no key from the future
+    if window is not None:                  # the window, or a global key
+        allowed &= (col > row - window) | (col < n_global)
+    return allowed
+
+
+def causal_pairs(n: int) -> int:
+    """Pairs a causal mask allows: query i reads keys 0 … i."""
+    tx.check_positive(n=n)
+    return n * (n + 1) // 2                 # 1 + 2 + … + n
+
+
+def sliding_pairs(n: int, window: int) -> int:
+    """Pairs a causal sliding window allows: query i reads
+    min(i + 1, window) keys."""
+    tx.check_positive(n=n, window=window)
+    w = min(window, n)
+    ramp = w * (w + 1) // 2    # the first w queries: 1, 2, …, w keys
+    full = (n - w) * w         # every later query: exactly w keys
+    return ramp + full
+
+
+def aten_ops(fn, *args, **kwargs) -> list[str]:
+    """The names of the ATen operations that fn(*args, **kwargs) runs, in
+    order: which kernel ran."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Log(TorchDispatchMode):
@@ -2164,7 +2233,8 @@ def aten_ops(fn: Callable, *args, **kwargs) -> list[str]:
             self.ops = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func.overloadpacket.__name__)      # e.g. "mm", "_safe_softmax"
+            # e.g. "mm", "_safe_softmax"
+            self.ops.append(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
 
     with Log() as log:
@@ -2172,108 +2242,128 @@ def aten_ops(fn: Callable, *args, **kwargs) -> list[str]:
     return log.ops
 
 
-def causal_time_table(ns: Iterable[int] = (256, 4096), d: int = 64, seed: int = 0, device: str = "cpu",
-                      min_time: float = 0.1, statistic: str = "q1") -> pd.DataFrame:
-    """Wall time of F.scaled_dot_product_attention on (1, 1, n, d) inputs: with no mask, with
-    is_causal=True, and with the same causal triangle as a boolean mask (milliseconds)."""
+def causal_time_table(ns=(256, 4096), d: int = 64, seed: int = 0,
+                      device: str = "cpu", min_time: float = 0.1,
+                      statistic: str = "q1",
+                      min_runs: int = 3) -> pd.DataFrame:
+    """Wall time of F.scaled_dot_product_attention on (1, 1, n, d)
+    inputs: with no mask, with is_causal=True, and with the same causal
+    triangle as a boolean mask (milliseconds)."""
     if statistic not in ("q1", "median"):
-        raise ValueError(f"statistic must be 'q1' or 'median', got {statistic!r}")
+        raise ValueError(f"statistic must be 'q1' or 'median', "
+                         f"got {statistic!r}")
+    sdpa = F.scaled_dot_product_attention
     rows = {}
     with torch.no_grad():
         for n in ns:
-            q, k, v = (t.to(device)[None, None] for t in _qkv(n, d, seed))   # one sequence, one head
-            triangle = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-            calls = {"no mask ms": {}, "is_causal ms": {"is_causal": True}, "boolean mask ms": {"attn_mask": triangle}}
-            row = {name: 1e3 * time_call(lambda q, k, v, kw=kw: F.scaled_dot_product_attention(q, k, v, **kw),
-                                         q, k, v, min_time=min_time)[statistic]     # tensors: a GPU is waited for
-                   for name, kw in calls.items()}
-            row["no mask ÷ is_causal"] = row["no mask ms"] / row["is_causal ms"]
-            row["no mask ÷ boolean mask"] = row["no mask ms"] / row["boolean mask ms"]
+            # one sequence, one head
+            q, k, v = (t.to(device)[None, None] for t in _qkv(n, d, seed))
+            ones = torch.ones(n, n, dtype=torch.bool, device=device)
+            calls = {"no mask ms": {}, "is_causal ms": {"is_causal": True},
+                     "boolean mask ms": {"attn_mask": ones.tril()}}
+            row = {}
+            for name, kw in calls.items():
+                def call(q, k, v, kw=kw):
+                    return sdpa(q, k, v, **kw)
+                # tensors as arguments: a GPU is waited for
+                timed = tx.time_call(call, q, k, v, min_time=min_time,
+                                     min_runs=min_runs)
+                row[name] = 1e3 * timed[statistic]
+            for name in ("is_causal", "boolean mask"):
+                row[f"no mask ÷ {name}"] = (row["no mask ms"]
+                                            / row[f"{name} ms"])
             rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
     return table
 
 
-def causal_mask(n: int, window: int | None = None, n_global: int = 0) -> torch.Tensor:
-    """(n, n) booleans of a decoder: key j ≤ query i; with a window, only the last `window` keys
-    (itself included); the first `n_global` positions stay visible to every later query."""
-    check_positive(n=n)
-    if window is not None:
-        check_positive(window=window)
-    if isinstance(n_global, bool) or not isinstance(n_global, int) or n_global < 0:
-        raise ValueError(f"n_global must be a whole number ≥ 0, got {n_global!r}")
-    row, col = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    allowed = col <= row                                       # causal: no key from the future
-    if window is not None:
-        allowed &= (col > row - window) | (col < n_global)     # the window, or a global position
-    return allowed
-
-
-def causal_pairs(n: int) -> int:
-    """Pairs a causal mask allows: query i reads keys 0 … i, so 1 + 2 + … + n."""
-    check_positive(n=n)
-    return n * (n + 1) // 2
-
-
-def sliding_pairs(n: int, window: int) -> int:
-    """Pairs a causal sliding window allows: query i reads min(i + 1, window) keys."""
-    check_positive(n=n, window=window)
-    w = min(window, n)
-    ramp = w * (w + 1) // 2          # the first w queries: 1, 2, …, w keys (the window is not full yet)
-    full = (n - w) * w               # every later query: exactly `window` keys
-    return ramp + full
-
-
 def global_pairs(n: int, window: int, n_global: int) -> int:
-    """Pairs of a causal sliding window plus n_global positions that every later query may read."""
-    check_positive(n=n, window=window)
-    if isinstance(n_global, bool) or not isinstance(n_global, int) or n_global < 0:
-        raise ValueError(f"n_global must be a whole number ≥ 0, got {n_global!r}")
-    # global key c adds the queries that are outside its window: i ≥ c + window, i < n
+    """Pairs of a causal sliding window plus n_global positions that
+    every later query may read."""
+    tx.check_positive(n=n, window=window)
+    tx.check_nonnegative(n_global=n_global)
+    # global key c adds the queries outside its window: c + window ≤ i < n
     extra = sum(max(0, n - c - window) for c in range(min(n_global, n)))
     return sliding_pairs(n, window) + extra
 
 
-def trade_table(n: int = 8192, d: int = 512, rs: Iterable[int] = (3, 17, 65, 257, 1025, 4097)) -> pd.DataFrame:
-    """Table 1's trade for restricted attention: work r·n·d (one of the layer's two products, Table 1's
-    term, projections not counted) against layers to connect 1 and n, and their product ÷ n²d."""
-    check_positive(n=n, d=d)
+def pair_table(cases=((16, 4, 0), (16, 3, 0), (16, 3, 2), (8192, 1024, 0))
+               ) -> pd.DataFrame:
+    """Allowed pairs from the formulas and counted in the real masks,
+    for each case (n, window, n_global)."""
+    rows = []
+    for n, window, n_global in cases:
+        allowed = global_pairs(n, window, n_global)
+        mask = causal_mask(n, window, n_global)
+        rows.append({"positions": n, "window": window, "global": n_global,
+                     "causal": causal_pairs(n), "allowed": allowed,
+                     "mask count": int(mask.count_nonzero()),
+                     "share": allowed / causal_pairs(n)})
+    table = pd.DataFrame(rows, index=range(1, len(rows) + 1))
+    table.index.name = "case"
+    table["equal"] = table["allowed"] == table["mask count"]
+    return table
+
+
+def trade_table(n: int = 8192, d: int = 512,
+                rs=(3, 17, 65, 257, 1025, 4097)) -> pd.DataFrame:
+    """Table 1's trade for restricted attention: work r·n·d (one of the
+    layer's two products, projections not counted) against layers to
+    connect 1 and n, and their product ÷ n²d."""
+    tx.check_positive(n=n, d=d)
     rows = {}
     for r in rs:
-        check_window(r=r)
-        rows[r] = {
-            "work r·n·d": count_restricted(n, d, r),               # Table 1's term
-            "work / full n²d": count_restricted(n, d, r) / (n * n * d),
-            "layers to connect": math.ceil((n - 1) / (r // 2)),   # r // 2 positions further per layer
-        }
-        rows[r]["work × layers / n²d"] = (rows[r]["work r·n·d"] * rows[r]["layers to connect"]
-                                          / (n * n * d))            # about 2 for large r: 2(n − 1)/(r − 1) layers
+        tx.check_window(r=r)
+        work = tx.count_restricted(n, d, r)       # Table 1's term
+        layers = math.ceil((n - 1) / (r // 2))    # r // 2 further a layer
+        rows[r] = {"work r·n·d": work,
+                   "work / full n²d": work / (n * n * d),
+                   "layers to connect": layers,
+                   # about 2 for large r: 2(n − 1)/(r − 1) layers
+                   "work × layers / n²d": work * layers / (n * n * d)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "window r"
     return table
 
 
-@cli_table("Part 5 · restricted attention, n = 8,192, d = 512: work against path")
-def _trade_table() -> pd.DataFrame:
-    """The trade table at the book's sizes (for the command line)."""
-    return trade_table()
-
-
-@cli_table("Part 5 · pairs of a causal mask, a sliding window, a window with global positions")
-def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), (16, 3, 2), (8192, 1024, 0))
-               ) -> pd.DataFrame:
-    """Allowed pairs from the formulas and counted in the real masks, for (n, window, n_global)."""
-    rows = []
-    for n, window, n_global in cases:
-        rows.append({"positions": n, "window": window, "global": n_global,
-                     "causal": causal_pairs(n), "allowed": global_pairs(n, window, n_global),
-                     "mask count": int(causal_mask(n, window, n_global).sum()),
-                     "share": global_pairs(n, window, n_global) / causal_pairs(n)})
-    table = pd.DataFrame(rows, index=range(1, len(rows) + 1))
-    table.index.name = "case"
-    table["equal"] = table["allowed"] == table["mask count"]
+def cache_trace(model: tx.ExampleModel, steps: int = 24,
+                window: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """Feed a real HF model one token at a time; after each, its cache
+    bytes against the formula."""
+    tx.check_positive(steps=steps)
+    net = tx.hf_model(model, window, seed)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.vocabulary, (1, steps), generator=g)
+    # transformers keeps window − 1 past tokens
+    kept = None if window is None else window - 1
+    cache, rows = None, []
+    with torch.no_grad():
+        for t in range(steps):
+            # the cache back in, under this release's name
+            step = {tx.cache_argument(net): cache}
+            out = net(ids[:, t:t + 1], use_cache=True, **step)
+            cache = tx.model_cache(out)                # one decode step
+            held = sum(b for _, b in tx.cache_layer_bytes(cache))
+            rows.append({"tokens seen": t + 1,
+                         "kept": tx.cached_tokens(cache),
+                         "measured bytes": held,
+                         "formula bytes": tx.kv_cache_bytes(t + 1, model,
+                                                            kept)})
+    table = pd.DataFrame(rows).set_index("tokens seen")
+    table["equal"] = table["measured bytes"] == table["formula bytes"]
     return table
+
+# ── end of the cells saved from notebooks/05_restricted_attention.md ──
+
+
+# The command line prints these tables (the functions are saved from the notebook above).
+cli_table("Part 5 · FLOPs of masked (n × n) and banded (n × r) attention, d = 64, r = 17")(
+    lambda: flop_table())
+cli_table("Part 5 · restricted attention, n = 8,192, d = 512: work against path")(
+    lambda: trade_table())
+cli_table("Part 5 · pairs of a causal mask, a sliding window, a window with global positions")(
+    lambda: pair_table())
 
 
 # ═══════════════════════════════════════════════════════════════════════════════════════════
@@ -2284,283 +2374,70 @@ def pair_table(cases: Iterable[tuple[int, int, int]] = ((16, 4, 0), (16, 3, 0), 
 
 # ── saved from notebooks/06_kv_cache.md (#@save): edit there ──
 
-def kv_bytes_per_token(model: tx.ExampleModel = tx.ExampleModel()) -> int:
-    """Bytes the cache keeps for one token: a key and a value per layer and per key-value head."""
+def kv_bytes_per_token(model=tx.ExampleModel()) -> int:
+    """Bytes the cache keeps for one token: a key and a value per layer
+    and per key-value head."""
     return (2                          # one key and one value
             * model.layers             # in every layer
-            * model.kv_heads           # for every head that keeps its own (grouped heads share)
+            * model.kv_heads           # for every head with its own pair
             * model.head_size          # numbers in each
             * model.bytes_per_number)  # bytes a number
 
 
-def kv_cache_bytes(tokens: int, model: tx.ExampleModel = tx.ExampleModel(),
+def kv_cache_bytes(tokens: int, model=tx.ExampleModel(),
                    window: int | None = None) -> int:
-    """Bytes of the cache after `tokens` tokens; a window keeps only its last `window` tokens."""
+    """Bytes of the cache after `tokens` tokens; a window keeps only its
+    last `window` tokens."""
     tx.check_nonnegative(tokens=tokens)
     if window is not None:
         tx.check_positive(window=window)
-    kept = tokens if window is None else min(tokens, window)   # a window forgets the older tokens
+    # a window forgets the older tokens
+    kept = tokens if window is None else min(tokens, window)
     return kept * kv_bytes_per_token(model)
 
 
-def greedy_decode(net, prompt: torch.Tensor, new_tokens: int, use_cache: bool = True):
-    """Write `new_tokens` tokens after `prompt` (1, n), each the model's most likely next token.
-
-    With the cache a step feeds only the newest token; without it, the whole text so far. Returns
-    the tokens (1, n + new_tokens) and the scores of each new token (1, new_tokens, vocabulary)."""
-    tx.check_positive(new_tokens=new_tokens)
-    tokens, cache, scores = prompt, None, []
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            fed = tokens if cache is None else tokens[:, -1:]           # all of it, or the newest
-            out = net(fed, use_cache=use_cache, **{tx.cache_argument(net): cache})
-            cache = tx.model_cache(out) if use_cache else None          # every key and value so far
-            scores.append(out.logits[:, -1])                            # scores of the next token
-            tokens = torch.cat([tokens, scores[-1].argmax(-1, keepdim=True)], dim=-1)  # the best one
-    return tokens, torch.stack(scores, dim=1)
-
-
-def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int = 128):
-    """attention_core for one block of `tile` queries at a time against blocks of `tile` keys, with
-    a running softmax (FlashAttention-2's forward loop, query blocks outside): no n × n grid.
-    Returns the output and the bytes it reads from and writes to main memory (q, k, v and the
-    output), block by block; it keeps no log-sum-exp, which only a backward pass would need."""
-    tx.check_qkv(q, k, v)
-    tx.check_positive(tile=tile)
-    out, moved = torch.empty_like(q), 0
-    for i in range(0, q.shape[-2], tile):
-        qi = q[..., i:i + tile, :] / math.sqrt(q.shape[-1])     # read a block of queries
-        top = torch.full_like(qi[..., :1], -math.inf)            # largest score so far, per query
-        total, mixed = torch.zeros_like(top), torch.zeros_like(qi)   # softmax's sum, weighted values
-        for j in range(0, k.shape[-2], tile):
-            kj, vj = k[..., j:j + tile, :], v[..., j:j + tile, :]     # read a block of keys and values
-            s = qi @ kj.transpose(-2, -1)                             # a tile of scores, on the chip
-            new_top = torch.maximum(top, s.amax(-1, keepdim=True))
-            p, fade = torch.exp(s - new_top), torch.exp(top - new_top)   # fade rescales the old sums
-            total, mixed, top = total * fade + p.sum(-1, keepdim=True), mixed * fade + p @ vj, new_top
-            moved += (kj.numel() + vj.numel()) * k.element_size()
-        out[..., i:i + tile, :] = mixed / total                   # write the block's output once
-        moved += 2 * qi.numel() * q.element_size()                # its queries in, its output out
-    return out, moved
-
-# ── end of the cells saved from notebooks/06_kv_cache.md ──
-
-
-def kv_projection_saving(model: ExampleModel = ExampleModel()) -> int:
-    """Weights that W_K and W_V give up when groups of heads share keys and values: each keeps
-    kv_heads × head_size columns instead of heads × head_size, in every layer."""
-    return 2 * model.layers * model.width * (model.heads - model.kv_heads) * model.head_size
-
-
-def with_grouped_projections(model: ExampleModel) -> ReaderModel:
-    """The same model with its weight count lowered by the smaller K and V projections (the stated
-    example model keeps 12 width² a layer whatever kv_heads is, as the companion articles do)."""
-    fields = {f: getattr(model, f) for f in ExampleModel.__dataclass_fields__}
-    return ReaderModel(**fields, weight_count=model.parameters - kv_projection_saving(model))
-
-
-def cache_memory(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
+def cache_memory(model=tx.ExampleModel(),
+                 accelerator=tx.ExampleAccelerator()) -> int:
     """Bytes of memory left for caches once the weights are loaded."""
     free = accelerator.memory_bytes - model.weight_bytes
     if free < 0:
-        raise ValueError(f"model: its weights ({model.weight_bytes:,} B) do not fit in memory_bytes "
+        raise ValueError(f"model: its weights ({model.weight_bytes:,} B)"
+                         f" do not fit in memory_bytes "
                          f"({accelerator.memory_bytes:,} B)")
     return int(free)
 
 
-def max_context(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
-    """The most tokens one conversation can cache once the weights are loaded."""
-    return cache_memory(model, accelerator) // kv_bytes_per_token(model)   # whole tokens only
+def max_context(model=tx.ExampleModel(),
+                accelerator=tx.ExampleAccelerator()) -> int:
+    """The most tokens one conversation can cache beside the weights."""
+    free = cache_memory(model, accelerator)
+    return free // kv_bytes_per_token(model)          # whole tokens only
 
 
-def decode_seconds(context: int, model: ExampleModel = ExampleModel(),
-                   accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
-    """Time of one new token after `context` cached tokens, one conversation at a time: every weight
-    and the whole cache are read once, so memory bandwidth sets the time (the arithmetic of one
-    token is far faster; see decode_step_flops for many conversations at once)."""
-    check_nonnegative(context=context)
-    read = model.weight_bytes + kv_cache_bytes(context, model)  # bytes one step must read
-    return read / accelerator.bytes_per_second
+def conversations_that_fit(tokens: int,
+                           model=tx.ExampleModel(),
+                           accelerator=tx.ExampleAccelerator()) -> int:
+    """Conversations of `tokens` tokens whose caches fit beside the
+    weights at the same time (whole conversations only)."""
+    tx.check_positive(tokens=tokens)
+    free = cache_memory(model, accelerator)
+    return free // kv_cache_bytes(tokens, model)
 
 
-def prefill_flops(n: int, model: ExampleModel = ExampleModel()) -> float:
-    """FLOPs of reading an n-token prompt in one pass (2 FLOPs a multiply-add)."""
-    check_positive(n=n)
-    weights = model.parameters * n                # every token meets every weight once
-    pairs = model.layers * count_pairs(n, model)    # causal pairs n²/2, a score and a mix, every layer
-    return 2 * (weights + pairs)
-
-
-def prefill_ridge_tokens(model: ExampleModel = ExampleModel(),
-                         accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
-    """The shortest prompt whose one wide pass does the accelerator's FLOPs per byte, counting the
-    bytes of the weights (read once) and of the cache it writes: about n FLOPs a byte of weights at
-    2 bytes a number, so about the accelerator's ratio in tokens. Shorter prompts wait on memory.
-    Attention's own bytes are left out: this holds for a tiled kernel, which moves few of them."""
-    ratio = accelerator.flops_per_second / accelerator.bytes_per_second   # FLOPs per byte it can do
-    reaches = lambda n: prefill_flops(n, model) >= ratio * (model.weight_bytes + kv_cache_bytes(n, model))  # noqa: E731
-    n = 1
-    while not reaches(n):          # intensity grows with n: the first n that reaches the ratio
-        n *= 2
-    low, high = n // 2, n          # reaches(high); not reaches(low) unless low is 0
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if reaches(middle) else (middle, high)
-    return high if low == 0 or not reaches(low) else low
-
-
-def prefill_seconds(n: int, model: ExampleModel = ExampleModel(),
-                    accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
-    """Time to read an n-token prompt if arithmetic sets it: the whole prompt is one wide pass.
-    That holds past prefill_ridge_tokens and with a tiled attention kernel (a plain one moves its
-    n × n grids through main memory and waits on them instead)."""
-    return prefill_flops(n, model) / accelerator.flops_per_second
-
-
-def answer_seconds(prompt: int, answer: int, model: ExampleModel = ExampleModel(),
-                   accelerator: ExampleAccelerator = ExampleAccelerator()) -> float:
-    """Time to write `answer` tokens after a prompt: one decode step each, on a growing cache."""
-    check_positive(prompt=prompt, answer=answer)
-    # the i-th new token reads the prompt and the i answer tokens written before it
-    return sum(decode_seconds(prompt + i, model, accelerator) for i in range(answer))
-
-
-def conversations_that_fit(tokens: int, model: ExampleModel = ExampleModel(),
-                           accelerator: ExampleAccelerator = ExampleAccelerator()) -> int:
-    """Conversations of `tokens` tokens whose caches fit beside the weights at the same time."""
-    check_positive(tokens=tokens)
-    return cache_memory(model, accelerator) // kv_cache_bytes(tokens, model)   # whole conversations only
-
-
-def decode_attention_flops(n: int, model: ExampleModel = ExampleModel()) -> int:
-    """FLOPs that attention spends on one new token over n cached ones, all layers (2 a multiply-add)."""
-    check_nonnegative(n=n)
-    scores = n * model.width     # the new query against n keys: width numbers each, all heads together
-    mix = n * model.width        # the weighted sum of n value vectors of width numbers
-    return 2 * (scores + mix) * model.layers
-
-
-def decode_step_flops(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
-    """FLOPs of one decode step for `batch` conversations with `context` cached tokens each: one
-    multiply-add per weight per new token, and attention over each conversation's own cache."""
-    check_positive(batch=batch)
-    return batch * (2 * model.parameters + decode_attention_flops(context, model))
-
-
-def decode_step_bytes(batch: int, context: int, model: ExampleModel = ExampleModel()) -> int:
-    """Bytes one decode step reads: the weights once for the whole batch, and every cache once."""
-    check_positive(batch=batch)
-    return model.weight_bytes + batch * kv_cache_bytes(context, model)
-
-
-def ridge_batch(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
-                context: int = 0) -> int | None:
-    """The smallest batch whose decode step does the accelerator's FLOPs per byte (arithmetic then
-    sets the time); None when no batch does, because each cache adds more bytes than FLOPs."""
-    ratio = accelerator.flops_per_second / accelerator.bytes_per_second   # FLOPs per byte it can do
-    intensity = lambda b: decode_step_flops(b, context, model) / decode_step_bytes(b, context, model)  # noqa: E731
-    gain = decode_step_flops(1, context, model) - ratio * kv_cache_bytes(context, model)  # per conversation
-    if gain <= 0:
-        return None
-    batch = max(1, math.ceil(ratio * model.weight_bytes / gain))   # solve intensity(batch) = ratio
-    while batch > 1 and intensity(batch - 1) >= ratio:             # and step past any rounding
-        batch -= 1
-    while intensity(batch) < ratio:
-        batch += 1
-    return batch
-
-
-def ridge_context(model: ExampleModel = ExampleModel(),
-                  accelerator: ExampleAccelerator = ExampleAccelerator()) -> int | None:
-    """The longest cache with which some batch still reaches the accelerator's FLOPs per byte; None
-    when every length can (attention over a cache then does enough FLOPs per byte by itself)."""
-    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
-    loss = ratio * kv_bytes_per_token(model) - decode_attention_flops(1, model)   # per cached token
-    if loss <= 0:
-        return None
-    return math.ceil(2 * model.parameters / loss) - 1      # the last context with a positive gain
-
-
-def ridge_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
-                kv_heads: Iterable[int] = (16, 4, 1), contexts: Iterable[int] = (0, 32, 64, 128)) -> pd.DataFrame:
-    """For each sharing of keys and values: the batch at which a decode step reaches the accelerator's
-    FLOPs per byte, for caches of several lengths (NA: no batch does), and the longest such cache."""
-    from dataclasses import replace
-
-    rows = {}
-    for kv in kv_heads:
-        shared = replace(model, kv_heads=kv)
-        row = {f"batch at {c:,} tokens": ridge_batch(shared, accelerator, c) for c in contexts}
-        row["longest cache"] = ridge_context(shared, accelerator)
-        row["attention FLOPs a cache byte"] = decode_attention_flops(1, shared) / kv_bytes_per_token(shared)
-        rows[kv] = row
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "kv heads"
-    return table.astype({c: "Int64" for c in table.columns if c != "attention FLOPs a cache byte"})
-
-
-def score_grid_bytes(rows: int, columns: int | None = None, bytes_per_number: int = 2) -> int:
-    """Bytes of a grid of attention scores of one head: rows × columns numbers."""
-    columns = rows if columns is None else columns
-    check_positive(rows=rows, columns=columns, bytes_per_number=bytes_per_number)
-    return rows * columns * bytes_per_number
-
-
-def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
-    """Bytes attention_core moves for one head of n tokens and width d when each of its four
-    operations reads its inputs from main memory and writes its result back."""
-    check_positive(n=n, d=d, bytes_per_number=bytes_per_number)
-    grid, rows = n * n * bytes_per_number, n * d * bytes_per_number   # the n × n grid; Q, K, V or O
-    return ((2 * rows + grid)          # S = Q Kᵀ: read Q and K, write S
-            + 2 * grid                 # S / √d: read S, write it back
-            + 2 * grid                 # softmax: read S, write the weights P
-            + (grid + rows + rows))    # P V: read P and V, write the output
-
-
-def tiled_attention_bytes(n: int, d: int, tile: int = 128, bytes_per_number: int = 2) -> int:
-    """Bytes tiled_attention moves for one head: every query read and every output written once,
-    every key and value read once for each block of `tile` queries; the scores stay on the chip."""
-    check_positive(n=n, d=d, tile=tile, bytes_per_number=bytes_per_number)
-    rows = n * d * bytes_per_number
-    blocks = math.ceil(n / tile)                 # blocks of queries
-    return rows + rows + blocks * 2 * rows       # Q in, O out, K and V in once a block
-
-
-class _BytesCounter(TorchDispatchMode):
-    """Add up the bytes every operation reads and writes (views move nothing)."""
-
-    def __init__(self):
-        super().__init__()
-        self.moved = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not func.is_view:
-            self.moved += tensor_bytes(t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
-        return out
-
-
-def count_bytes_moved(fn: Callable, *args) -> int:
-    """Bytes fn(*args) would move if every operation read its inputs from main memory and wrote
-    its result back: the traffic of running it one PyTorch operation at a time, nothing fused."""
-    with torch.no_grad(), _BytesCounter() as counter:
-        fn(*args)
-    return counter.moved
-
-
-def sharing_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
-                  kv_heads: Iterable[int] = (16, 4, 1), lengths: Iterable[int] = (2048, 8192, 32768),
+def sharing_table(model=tx.ExampleModel(),
+                  accelerator=tx.ExampleAccelerator(),
+                  kv_heads=(16, 4, 1), lengths=(2048, 8192, 32768),
                   window: int = 1024) -> pd.DataFrame:
-    """Cache sizes when groups of heads share one key and one value (kv_heads = heads: no sharing)."""
-    from dataclasses import replace
-
+    """Cache sizes when groups of heads share one key and one value
+    (kv_heads = heads: no sharing), and the longest conversation."""
     rows = {}
     for kv in kv_heads:
-        shared = replace(model, kv_heads=kv)        # same weights; only the cache changes
-        row = {"KiB a token": kv_bytes_per_token(shared) / KIB}
+        shared = replace(model, kv_heads=kv)   # only the cache changes
+        row = {"KiB a token": kv_bytes_per_token(shared) / tx.KIB}
         for n in lengths:
-            row[f"MiB at {n:,}"] = kv_cache_bytes(n, shared) / MIB
-        row[f"MiB, window {window:,}"] = kv_cache_bytes(max(lengths), shared, window) / MIB
+            row[f"MiB at {n:,}"] = kv_cache_bytes(n, shared) / tx.MIB
+        longest = kv_cache_bytes(max(lengths), shared, window)
+        row[f"MiB, window {window:,}"] = longest / tx.MIB
         row["max tokens"] = max_context(shared, accelerator)
         rows[kv] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -2569,71 +2446,425 @@ def sharing_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAcce
     return table
 
 
-def kv_table(model: ExampleModel = ExampleModel(), accelerator: ExampleAccelerator = ExampleAccelerator(),
-             tokens: Iterable[int] = (2048, 8192, 32768, 131072), window: int = 1024) -> pd.DataFrame:
-    """For each context length: cache, a window's cache (the window's last `window` tokens), the
-    conversations that fit beside the weights, and the decode time of one conversation alone
-    (NA where not even one conversation of that length fits)."""
-    rows = {}
-    for n in tokens:
-        fit = conversations_that_fit(n, model, accelerator)
-        alone = decode_seconds(n, model, accelerator) if fit else None   # None: it does not fit
-        rows[n] = {
-            "cache MiB": kv_cache_bytes(n, model) / MIB,
-            f"window {window:,} MiB": kv_cache_bytes(n, model, window) / MIB,
-            "conversations": fit,
-            "ms a token, one conversation alone": None if alone is None else 1e3 * alone,
-            "tokens a second, one conversation alone": None if alone is None else 1 / alone,
-        }
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "context"
-    timed = [c for c in table.columns if c.endswith("one conversation alone")]
-    return table.astype({c: "Float64" for c in timed})
+def tensor_bytes(tensors) -> int:
+    """Bytes the tensors hold: numel × element_size each (None: 0)."""
+    return sum(t.numel() * t.element_size() for t in tensors
+               if t is not None)
 
 
-@cli_table("Part 6 · the example model's cache in a 24 GiB, 1 TB/s accelerator")
-def _kv_table() -> pd.DataFrame:
-    """The cache table of the stated example model (for the command line)."""
-    return kv_table()
+def _states(held) -> list:
+    """A Mamba cache layer's states as a list: transformers 5.14+ keeps a
+    dict of tensors, 5.5 to 5.13 one tensor."""
+    return list(held.values()) if isinstance(held, dict) else [held]
 
 
-@cli_table("Part 6 · sharing keys and values across heads (example model)")
-def _sharing_table() -> pd.DataFrame:
-    """The sharing table of the stated example model (for the command line)."""
-    return sharing_table()
+def cache_layer_bytes(cache) -> list[tuple[str, int]]:
+    """(kind, bytes) for each layer of a transformers 5 cache, measured
+    from its tensors (never from get_seq_length())."""
+    rows = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):
+            # a Mamba layer (Part 7): a convolution window and a state
+            held = (_states(layer.conv_states)
+                    + _states(layer.recurrent_states))
+            rows.append(("mamba", tensor_bytes(held)))
+        else:       # an attention layer: every key and value it keeps
+            held = [layer.keys, layer.values]
+            rows.append(("attention", tensor_bytes(held)))
+    return rows
+
+
+def cached_tokens(cache) -> int:
+    """Tokens the first layer of a cache holds (keys: batch, heads,
+    tokens, size)."""
+    return cache.layers[0].keys.shape[2]
 
 
 #: torch's number type for each byte count a model may store a number in.
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 
 
-def hf_model(model: ExampleModel, window: int | None = None, seed: int = 0, device: str = "cpu"):
-    """A real Hugging Face decoder of model's shape, random weights, built from a config (no download).
-
-    Llama without a window; Mistral with `sliding_window = window`. On device "meta" its tensors
-    have shapes and no numbers: a full-size model costs nothing to build."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+def hf_model(model: tx.ExampleModel, window: int | None = None,
+             seed: int = 0, device: str = "cpu"):
+    """A real Hugging Face decoder of model's shape, random weights, from
+    a config (no download): Llama, or Mistral with `sliding_window`. On
+    "meta" its tensors have shapes and no numbers."""
+    import transformers as hf
 
     if model.bytes_per_number not in DTYPES:
-        raise ValueError(f"model.bytes_per_number must be one of {sorted(DTYPES)}, got {model.bytes_per_number}")
-    shape = dict(vocab_size=model.vocabulary, hidden_size=model.width, intermediate_size=4 * model.width,
-                 num_hidden_layers=model.layers, num_attention_heads=model.heads,
-                 num_key_value_heads=model.kv_heads, head_dim=model.head_size, max_position_embeddings=4096)
+        raise ValueError(f"model.bytes_per_number must be one of "
+                         f"{sorted(DTYPES)}, got {model.bytes_per_number}")
+    shape = dict(vocab_size=model.vocabulary, hidden_size=model.width,
+                 intermediate_size=4 * model.width,
+                 num_hidden_layers=model.layers,
+                 num_attention_heads=model.heads,
+                 num_key_value_heads=model.kv_heads,
+                 head_dim=model.head_size, max_position_embeddings=4096)
     torch.manual_seed(seed)
     if window is not None:
-        check_positive(window=window)
+        tx.check_positive(window=window)
     with torch.device(device):
-        net = (LlamaForCausalLM(LlamaConfig(**shape)) if window is None
-               else MistralForCausalLM(MistralConfig(sliding_window=window, **shape)))
+        if window is None:
+            net = hf.LlamaForCausalLM(hf.LlamaConfig(**shape))
+        else:
+            config = hf.MistralConfig(sliding_window=window, **shape)
+            net = hf.MistralForCausalLM(config)
     return net.to(DTYPES[model.bytes_per_number]).eval()
 
 
-def model_cache(output):
-    """The cache a transformers model returned, on every supported release.
+def cache_check(model: tx.ExampleModel, lengths=(5, 17, 40),
+                window: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """Run prompts through a real HF model; its cache bytes against
+    kv_cache_bytes, per length. A transformers sliding-window layer keeps
+    window − 1 past tokens, so the formula's window is window − 1."""
+    net = hf_model(model, window, seed)
+    g = torch.Generator().manual_seed(seed)
+    kept = None if window is None else window - 1
+    rows = []
+    for n in lengths:
+        tx.check_positive(n=n)
+        ids = torch.randint(0, model.vocabulary, (1, n), generator=g)
+        with torch.no_grad():
+            cache = tx.model_cache(net(ids, use_cache=True))
+        held = sum(b for _, b in cache_layer_bytes(cache))
+        rows.append({"kv heads": model.kv_heads,
+                     "window": "none" if window is None else window,
+                     "tokens": n, "kept": cached_tokens(cache),
+                     "measured bytes": held,
+                     "formula bytes": kv_cache_bytes(n, model, kept)})
+    table = pd.DataFrame(rows)
+    table["equal"] = table["measured bytes"] == table["formula bytes"]
+    return table
 
-    transformers 5.24 names it `output.cache`; earlier 5.x releases `past_key_values`
-    (`cache_params` for Mamba). Reading `.cache` alone breaks on those releases.
-    """
+
+def cache_table(model: tx.ExampleModel, variants: dict,
+                lengths=(5, 17, 40), seed: int = 0) -> pd.DataFrame:
+    """cache_check for several caches of one shape:
+    {name: (kv_heads, window or None)}."""
+    tables = []
+    for name, (kv, window) in variants.items():
+        shared = replace(model, kv_heads=kv)
+        checked = cache_check(shared, lengths, window, seed)
+        tables.append(checked.assign(cache=name))
+    table = pd.concat(tables, ignore_index=True)
+    table.index = range(1, len(table) + 1)
+    return table[["cache"] + [c for c in table.columns if c != "cache"]]
+
+
+def kv_projection_saving(model=tx.ExampleModel()) -> int:
+    """Weights W_K and W_V give up when groups of heads share keys and
+    values: kv_heads × head_size columns each, not heads × head_size."""
+    fewer = model.heads - model.kv_heads       # heads without their own
+    return 2 * model.layers * model.width * fewer * model.head_size
+
+
+def with_grouped_projections(model: tx.ExampleModel) -> tx.ReaderModel:
+    """The same model, its weight count lowered by the smaller K and V
+    projections (the stated example keeps 12 width² a layer)."""
+    names = tx.ExampleModel.__dataclass_fields__
+    fields = {f: getattr(model, f) for f in names}
+    weights = model.parameters - kv_projection_saving(model)
+    return tx.ReaderModel(**fields, weight_count=weights)
+
+
+def greedy_decode(net, prompt: torch.Tensor, new_tokens: int,
+                  use_cache: bool = True):
+    """Write `new_tokens` tokens after `prompt` (1, n), each the model's
+    most likely next token.
+
+    With the cache a step feeds only the newest token; without it, the
+    whole text so far. Returns the tokens (1, n + new_tokens) and the
+    scores of each new token (1, new_tokens, vocabulary)."""
+    tx.check_positive(new_tokens=new_tokens)
+    tokens, cache, scores = prompt, None, []
+    back = tx.cache_argument(net)       # this release's name for the cache
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            # all of it, or only the newest token
+            fed = tokens if cache is None else tokens[:, -1:]
+            out = net(fed, use_cache=use_cache, **{back: cache})
+            # every key and value so far
+            cache = tx.model_cache(out) if use_cache else None
+            scores.append(out.logits[:, -1])     # scores of the next token
+            best = scores[-1].argmax(-1, keepdim=True)       # the best one
+            tokens = torch.cat([tokens, best], dim=-1)
+    return tokens, torch.stack(scores, dim=1)
+
+
+def decode_seconds(context: int, model=tx.ExampleModel(),
+                   accelerator=tx.ExampleAccelerator()) -> float:
+    """Time of one new token after `context` cached tokens, one
+    conversation alone: every weight and the whole cache are read once,
+    so memory bandwidth sets the time."""
+    tx.check_nonnegative(context=context)
+    # bytes one step must read
+    read = model.weight_bytes + kv_cache_bytes(context, model)
+    return read / accelerator.bytes_per_second
+
+
+def decode_attention_flops(n: int,
+                           model=tx.ExampleModel()) -> int:
+    """FLOPs attention spends on one new token over n cached ones, all
+    layers (2 a multiply-add)."""
+    tx.check_nonnegative(n=n)
+    scores = n * model.width    # the new query against n keys, all heads
+    mix = n * model.width       # the weighted sum of n value vectors
+    return 2 * (scores + mix) * model.layers
+
+
+def decode_step_flops(batch: int, context: int,
+                      model=tx.ExampleModel()) -> int:
+    """FLOPs of one decode step for `batch` conversations of `context`
+    cached tokens: a multiply-add per weight per new token, and attention
+    over each conversation's own cache."""
+    tx.check_positive(batch=batch)
+    attention = decode_attention_flops(context, model)
+    per_token = 2 * model.parameters + attention
+    return batch * per_token
+
+
+def decode_step_bytes(batch: int, context: int,
+                      model=tx.ExampleModel()) -> int:
+    """Bytes one decode step reads: the weights once for the whole batch,
+    and every conversation's cache once."""
+    tx.check_positive(batch=batch)
+    return model.weight_bytes + batch * kv_cache_bytes(context, model)
+
+
+def ridge_batch(model=tx.ExampleModel(),
+                accelerator=tx.ExampleAccelerator(),
+                context: int = 0) -> int | None:
+    """The smallest batch whose decode step reaches the ridge point
+    (FLOPs a second ÷ bytes a second); None when no batch does."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+
+    def intensity(b):                          # FLOPs a byte of a step
+        return (decode_step_flops(b, context, model)
+                / decode_step_bytes(b, context, model))
+
+    # 2W + A − R·C of the derivation: what each conversation adds
+    gain = (decode_step_flops(1, context, model)
+            - ratio * kv_cache_bytes(context, model))
+    if gain <= 0:
+        return None
+    # B = R·W_b / (2W + A − R·C), then step past any rounding
+    batch = max(1, math.ceil(ratio * model.weight_bytes / gain))
+    while batch > 1 and intensity(batch - 1) >= ratio:
+        batch -= 1
+    while intensity(batch) < ratio:
+        batch += 1
+    return batch
+
+
+def ridge_context(model=tx.ExampleModel(),
+                  accelerator=tx.ExampleAccelerator()) -> int | None:
+    """The longest cache with which some batch still reaches the ridge
+    point; None when every length can."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+    # R·C − A for one cached token: what it costs the gain
+    loss = (ratio * kv_bytes_per_token(model)
+            - decode_attention_flops(1, model))
+    if loss <= 0:
+        return None
+    # the last context with a positive gain
+    return math.ceil(2 * model.parameters / loss) - 1
+
+
+def ridge_table(model=tx.ExampleModel(),
+                accelerator=tx.ExampleAccelerator(),
+                kv_heads=(16, 4, 1), contexts=(0, 32, 64, 128)
+                ) -> pd.DataFrame:
+    """For each sharing of keys and values: the batch that reaches the
+    ridge point for caches of several lengths (NA: none does), and the
+    longest such cache."""
+    rows = {}
+    for kv in kv_heads:
+        shared = replace(model, kv_heads=kv)
+        row = {f"batch at {c:,} tokens": ridge_batch(shared, accelerator, c)
+               for c in contexts}
+        row["longest cache"] = ridge_context(shared, accelerator)
+        per_byte = (decode_attention_flops(1, shared)
+                    / kv_bytes_per_token(shared))
+        row["attention FLOPs a cache byte"] = per_byte
+        rows[kv] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "kv heads"
+    per_byte = "attention FLOPs a cache byte"
+    counts = [c for c in table.columns if c != per_byte]
+    return table.astype({c: "Int64" for c in counts})
+
+
+def prefill_flops(n: int, model=tx.ExampleModel()) -> float:
+    """FLOPs of reading an n-token prompt in one pass (2 a multiply-add)."""
+    tx.check_positive(n=n)
+    weights = model.parameters * n       # every token meets every weight
+    # causal pairs n²/2, a score and a mix, in every layer
+    pairs = model.layers * tx.count_pairs(n, model)
+    return 2 * (weights + pairs)
+
+
+def prefill_ridge_tokens(model=tx.ExampleModel(),
+                         accelerator=tx.ExampleAccelerator()) -> int:
+    """The shortest prompt whose one pass reaches the ridge point,
+    counting the bytes of the weights (read once) and of the cache it
+    writes; attention's own bytes left out (a tiled kernel)."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+
+    def reaches(n):
+        read = model.weight_bytes + kv_cache_bytes(n, model)
+        return prefill_flops(n, model) >= ratio * read
+
+    n = 1
+    while not reaches(n):      # intensity grows with n: double, then halve
+        n *= 2
+    low, high = n // 2, n      # reaches(high); not reaches(low), unless 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches(middle) else (middle, high)
+    return high if low == 0 or not reaches(low) else low
+
+
+def prefill_seconds(n: int, model=tx.ExampleModel(),
+                    accelerator=tx.ExampleAccelerator()) -> float:
+    """Time to read an n-token prompt if arithmetic sets it: past
+    prefill_ridge_tokens, and with a tiled attention kernel."""
+    return prefill_flops(n, model) / accelerator.flops_per_second
+
+
+def answer_seconds(prompt: int, answer: int,
+                   model=tx.ExampleModel(),
+                   accelerator=tx.ExampleAccelerator()) -> float:
+    """Time to write `answer` tokens after a prompt: one decode step
+    each, on a growing cache."""
+    tx.check_positive(prompt=prompt, answer=answer)
+    # the i-th new token reads the prompt and the i tokens before it
+    return sum(decode_seconds(prompt + i, model, accelerator)
+               for i in range(answer))
+
+
+def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
+    """Bytes attention_core moves for one head of n tokens, width d, when
+    each of its four operations reads its inputs from main memory and
+    writes its result back."""
+    tx.check_positive(n=n, d=d, bytes_per_number=bytes_per_number)
+    grid = n * n * bytes_per_number          # the n × n grid
+    rows = n * d * bytes_per_number          # Q, K, V or the output
+    return ((2 * rows + grid)     # S = Q Kᵀ: read Q and K, write S
+            + 2 * grid            # S / √d: read S, write it back
+            + 2 * grid            # softmax: read S, write the weights P
+            + (grid + rows + rows))   # P V: read P and V, write the output
+
+
+def kv_table(model=tx.ExampleModel(),
+             accelerator=tx.ExampleAccelerator(),
+             tokens=(2048, 8192, 32768, 131072),
+             window: int = 1024) -> pd.DataFrame:
+    """For each context length: cache, a window's cache, the
+    conversations that fit beside the weights, and the decode time of one
+    conversation alone (NA where not even one fits)."""
+    rows = {}
+    for n in tokens:
+        fit = conversations_that_fit(n, model, accelerator)
+        alone = decode_seconds(n, model, accelerator) if fit else None
+        rows[n] = {
+            "cache MiB": kv_cache_bytes(n, model) / tx.MIB,
+            f"window {window:,} MiB":
+                kv_cache_bytes(n, model, window) / tx.MIB,
+            "conversations": fit,
+            "ms a token, one conversation alone":
+                None if alone is None else 1e3 * alone,
+            "tokens a second, one conversation alone":
+                None if alone is None else 1 / alone,
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "context"
+    timed = [c for c in table.columns if c.endswith("conversation alone")]
+    return table.astype({c: "Float64" for c in timed})
+
+
+def score_grid_bytes(rows: int, columns: int | None = None,
+                     bytes_per_number: int = 2) -> int:
+    """Bytes of a grid of attention scores of one head."""
+    columns = rows if columns is None else columns
+    tx.check_positive(rows=rows, columns=columns,
+                      bytes_per_number=bytes_per_number)
+    return rows * columns * bytes_per_number
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    tile: int = 128):
+    """attention_core for one block of `tile` queries at a time against
+    blocks of `tile` keys, with a running softmax (FlashAttention-2's
+    forward loop, query blocks outside): no n × n grid.
+
+    Returns the output and the bytes it reads from and writes to main
+    memory (q, k, v and the output), block by block; it keeps no
+    log-sum-exp, which only a backward pass would need."""
+    tx.check_qkv(q, k, v)
+    tx.check_positive(tile=tile)
+    out, moved = torch.empty_like(q), 0
+    for i in range(0, q.shape[-2], tile):
+        # read a block of queries
+        qi = q[..., i:i + tile, :] / math.sqrt(q.shape[-1])
+        top = torch.full_like(qi[..., :1], -math.inf)   # m: largest so far
+        total = torch.zeros_like(top)                   # ℓ: softmax's sum
+        mixed = torch.zeros_like(qi)                    # o: weighted values
+        for j in range(0, k.shape[-2], tile):
+            # read a block of keys and values
+            kj, vj = k[..., j:j + tile, :], v[..., j:j + tile, :]
+            s = qi @ kj.transpose(-2, -1)        # a tile of scores, on chip
+            new_top = torch.maximum(top, s.amax(-1, keepdim=True))   # m'
+            p = torch.exp(s - new_top)
+            fade = torch.exp(top - new_top)        # e^(m − m') rescales
+            total = total * fade + p.sum(-1, keepdim=True)
+            mixed = mixed * fade + p @ vj
+            top = new_top
+            moved += (kj.numel() + vj.numel()) * k.element_size()
+        out[..., i:i + tile, :] = mixed / total    # write the output once
+        moved += 2 * qi.numel() * q.element_size()  # queries in, output out
+    return out, moved
+
+
+def tiled_attention_bytes(n: int, d: int, tile: int = 128,
+                          bytes_per_number: int = 2) -> int:
+    """Bytes tiled_attention moves for one head: every query read and
+    every output written once, every key and value read once for each
+    block of `tile` queries; the scores stay on the chip."""
+    tx.check_positive(n=n, d=d, tile=tile,
+                      bytes_per_number=bytes_per_number)
+    rows = n * d * bytes_per_number
+    blocks = math.ceil(n / tile)                 # blocks of queries
+    return rows + rows + blocks * 2 * rows       # Q in, O out, K and V
+
+
+def count_bytes_moved(fn, *args) -> int:
+    """Bytes fn(*args) would move if every operation read its inputs from
+    main memory and wrote its result back (nothing fused)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Counter(TorchDispatchMode):
+        moved = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:                # views move nothing
+                leaves = tree_leaves((args, kwargs, out))
+                self.moved += tensor_bytes(
+                    t for t in leaves if isinstance(t, torch.Tensor))
+            return out
+
+    with torch.no_grad(), Counter() as counter:
+        fn(*args)
+    return counter.moved
+
+# ── end of the cells saved from notebooks/06_kv_cache.md ──
+
+
+def model_cache(output):
+    """The cache a model output holds, under any release's name (version compatibility, Parts 5–8)."""
+    # transformers 5.24 names it `output.cache`; earlier 5.x releases `past_key_values`
+    # (`cache_params` for Mamba). Reading `.cache` alone breaks on those releases.
     fields = getattr(output, "__dataclass_fields__", {})
     for name in ("cache", "past_key_values", "cache_params"):
         if name in fields:
@@ -2642,12 +2873,9 @@ def model_cache(output):
 
 
 def cache_argument(model) -> str:
-    """The name under which `model.forward` takes a cache back: `cache` in transformers 5.24,
-    `past_key_values` (or Mamba's `cache_params`) before it.
-
-    Passing the wrong name fails silently on older releases: the model ignores it and starts a
-    fresh cache at every step.
-    """
+    """The name forward() takes a cache back under, in this release (version compatibility, 5–8)."""
+    # `cache` in transformers 5.24, `past_key_values` (or Mamba's `cache_params`) before it. The
+    # wrong name fails silently on older releases: every step starts a fresh cache.
     import inspect
 
     parameters = inspect.signature(model.forward).parameters
@@ -2657,87 +2885,9 @@ def cache_argument(model) -> str:
     raise ValueError(f"model must take a cache in its forward(), got {type(model).__name__}")
 
 
-def tensor_bytes(tensors) -> int:
-    """Bytes the tensors hold: numel × element_size each (None entries count nothing)."""
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def _states(held) -> list:
-    """A Mamba cache layer's states as a list: transformers 5.14+ keeps a dict of tensors, 5.5 to
-    5.13 one tensor (whose own `.values()` is for sparse tensors and fails)."""
-    return list(held.values()) if isinstance(held, dict) else [held]
-
-
-def cache_layer_bytes(cache) -> list[tuple[str, int]]:
-    """(kind, bytes) for each layer of a transformers 5 cache, measured from its tensors (never from
-    get_seq_length()): "attention" for keys and values, "mamba" for a convolution window and a state."""
-    rows = []
-    for layer in cache.layers:
-        if hasattr(layer, "recurrent_states"):      # a Mamba layer: a convolution window and a state
-            held = _states(layer.conv_states) + _states(layer.recurrent_states)
-            rows.append(("mamba", tensor_bytes(held)))
-        else:                                        # an attention layer: every key and value
-            rows.append(("attention", tensor_bytes([layer.keys, layer.values])))
-    return rows
-
-
-def cached_tokens(cache) -> int:
-    """Tokens the first layer of a transformers cache holds (its keys: batch, heads, tokens, size)."""
-    return cache.layers[0].keys.shape[2]
-
-
-def cache_check(model: ExampleModel, lengths: Iterable[int] = (5, 17, 40), window: int | None = None,
-                seed: int = 0) -> pd.DataFrame:
-    """Run prompts through a real HF model; its cache bytes against kv_cache_bytes, per length.
-
-    A transformers sliding-window layer keeps window − 1 past tokens: with the new token they
-    make the window. So the formula's window is window − 1."""
-    net = hf_model(model, window, seed)
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for n in lengths:
-        check_positive(n=n)
-        ids = torch.randint(0, model.vocabulary, (1, n), generator=g)
-        with torch.no_grad():
-            cache = model_cache(net(ids, use_cache=True))
-        kept = None if window is None else window - 1
-        rows.append({"kv heads": model.kv_heads, "window": "none" if window is None else window, "tokens": n,
-                     "kept": cached_tokens(cache), "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
-                     "formula bytes": kv_cache_bytes(n, model, kept)})
-    table = pd.DataFrame(rows)
-    table["equal"] = table["measured bytes"] == table["formula bytes"]
-    return table
-
-
-def cache_table(model: ExampleModel, variants: dict[str, tuple[int, int | None]],
-                lengths: Iterable[int] = (5, 17, 40), seed: int = 0) -> pd.DataFrame:
-    """cache_check for several caches of one shape: {name: (kv_heads, window or None)}."""
-    from dataclasses import replace
-
-    tables = [cache_check(replace(model, kv_heads=kv), lengths, window, seed).assign(cache=name)
-              for name, (kv, window) in variants.items()]
-    table = pd.concat(tables, ignore_index=True)
-    table.index = range(1, len(table) + 1)
-    return table[["cache"] + [c for c in table.columns if c != "cache"]]
-
-
-def cache_trace(model: ExampleModel, steps: int = 24, window: int | None = None, seed: int = 0) -> pd.DataFrame:
-    """Feed a real HF model one token at a time; after each, its cache bytes against the formula."""
-    check_positive(steps=steps)
-    net = hf_model(model, window, seed)
-    ids = torch.randint(0, model.vocabulary, (1, steps), generator=torch.Generator().manual_seed(seed))
-    kept = None if window is None else window - 1     # transformers keeps window − 1 past tokens
-    cache, rows = None, []
-    with torch.no_grad():
-        for t in range(steps):
-            step = {cache_argument(net): cache}                 # the cache back in, under this release's name
-            cache = model_cache(net(ids[:, t:t + 1], use_cache=True, **step))   # one decode step
-            rows.append({"tokens seen": t + 1, "kept": cached_tokens(cache),
-                         "measured bytes": sum(b for _, b in cache_layer_bytes(cache)),
-                         "formula bytes": kv_cache_bytes(t + 1, model, kept)})
-    table = pd.DataFrame(rows).set_index("tokens seen")
-    table["equal"] = table["measured bytes"] == table["formula bytes"]
-    return table
+# The command line prints these tables (the functions are saved from the notebook above).
+cli_table("Part 6 · the example model's cache in a 24 GiB, 1 TB/s accelerator")(lambda: kv_table())
+cli_table("Part 6 · sharing keys and values across heads (example model)")(lambda: sharing_table())
 
 
 @dataclass(frozen=True)

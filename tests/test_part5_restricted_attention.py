@@ -104,6 +104,8 @@ def test_time_table_has_positive_times():
     assert math.isclose(row["masked GFLOP/s"], tx.masked_flops(32, 8) / (row["masked ms"] / 1e3) / 1e9)
     assert math.isclose(row["banded GFLOP/s"], tx.banded_flops(32, 8, 5) / (row["banded ms"] / 1e3) / 1e9)
     assert 3 <= row["fewest runs"] <= row["most runs"] <= 15        # time_call's default bounds
+    fewer = tx.time_table(ns=(32,), d=8, r=5, min_time=0, min_runs=2).loc[32]
+    assert fewer["fewest runs"] == fewer["most runs"] == 2           # min_runs reaches time_call
 
 
 def test_causal_time_table_columns():
@@ -126,6 +128,95 @@ def test_score_table_bytes_and_cache():
     assert tx.score_table_bytes(4096) == {"scores": 64 * 2**20, "mask": 16 * 2**20}
     cache = tx.largest_cache_bytes()
     assert cache is None or (isinstance(cache, int) and cache > 0)
+
+
+def test_time_table_products_share_is_the_two_products_over_the_whole():
+    table = tx.time_table(ns=(32,), d=8, r=5, min_time=0)
+    row = table.loc[32]
+    assert row["products ms"] > 0 and math.isclose(row["products share"],
+                                                  row["products ms"] / row["masked ms"])
+
+
+# ── Part 5 alone, on simulated machines (issue 17): the number check and the cache sentence ──
+
+PAGE = "05_restricted_attention"
+CACHE_PHRASE = f"score_table_vs_cache_{4096}"
+MACHINES = {  # what WHY_SELF_ATTENTION_MACHINE tells the page: another cache, other cores
+    "300 MiB cache, 1 core": {"largest_cache_bytes": 300 * 2**20, "cores": 1},
+    "2 MiB cache, 64 cores": {"largest_cache_bytes": 2 * 2**20, "cores": 64},
+}
+
+
+def run_page_on(facts: dict):
+    """Execute Part 5's .ipynb alone in an empty folder, as tests/test_standalone.py does, with
+    the machine facts replaced; return the executed notebook (or the error's text)."""
+    import json
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    import book
+
+    os.environ.pop("MPLBACKEND", None)
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    os.environ[tx.MACHINE_ENV] = json.dumps(facts)      # the kernel inherits it
+    source = book.ROOT / "notebooks" / f"{PAGE}.ipynb"
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / source.name
+        shutil.copy(source, copy)
+        notebook = nbformat.read(copy, as_version=4)
+        kernel = KernelManager(kernel_name=notebook.metadata["kernelspec"]["name"])
+        try:
+            NotebookClient(notebook, km=kernel, timeout=book.TIMEOUT, allow_errors=False,
+                           resources={"metadata": {"path": folder}}).execute()
+        finally:
+            if kernel.has_kernel:
+                kernel.shutdown_kernel(now=True)
+    return notebook
+
+
+@pytest.fixture(scope="module")
+def simulated_runs():
+    """Part 5 executed once for each simulated machine, one at a time, each in its own process
+    (the variable stays out of this one)."""
+    import concurrent.futures
+
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1) as pool:
+        return {name: pool.submit(run_page_on, facts).result() for name, facts in MACHINES.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MACHINES))
+def test_page_alone_on_another_machine_passes_the_number_check(simulated_runs, name):
+    import book
+
+    glued = book.glued_in_notebook(simulated_runs[name])
+    expected = book.load_expected()
+    problems = book.compare({PAGE: expected[PAGE]}, {PAGE: glued})
+    assert not problems, f"Part 5 on a machine with {name}:\n" + book.problem_table(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MACHINES))
+def test_page_alone_on_another_machine_states_its_cache(simulated_runs, name):
+    import book
+
+    facts = MACHINES[name]
+    glued = book.glued_in_notebook(simulated_runs[name])
+    table = (glued[f"score_table_mib_{4096}"].value + glued[f"mask_mib_{4096}"].value) * 2**20
+    want = ("more than this CPU's largest cache holds" if table > facts["largest_cache_bytes"]
+            else "less than this CPU's largest cache holds")
+    assert glued[CACHE_PHRASE].value == want
+    printed = "".join(output.get("text", "") for cell in simulated_runs[name].cells
+                      if cell.cell_type == "code" for output in cell.get("outputs", []))
+    size = f"largest cache {facts['largest_cache_bytes'] / 2**20:,.0f} MiB"
+    assert size in printed and f"{facts['cores']} cores" in printed, \
+        "the setup line must print the simulated machine's facts"
 
 
 def test_trade_table_product_tends_to_two():
