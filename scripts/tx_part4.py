@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 import torch.utils._python_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 # transformers imports tqdm.auto, which warns in a kernel without
