@@ -415,7 +415,10 @@ def verdicts_in_text(html_dir: Path = HTML) -> list[str]:
                 continue
             if block.find_parent("li") and block.name == "p":
                 continue                     # its list item is read whole
-            text = " ".join(block.get_text(" ").split())
+            # inline code (`is_causal=True`) is code, not a verdict
+            text = " ".join(" ".join(
+                piece for piece in block.find_all(string=True)
+                if not piece.find_parent(["code", "kbd", "samp"])).split())
             for found in VERDICT.finditer(text):
                 start = max(0, found.start() - 60)
                 problems.append(f"{page}: …{text[start:found.end() + 20]}…")

@@ -188,7 +188,8 @@ def test_the_verdict_check_finds_a_glued_boolean_in_prose(tmp_path):
           '<main><p>The counts agree: <span class="pasted-text">True</span>.</p>'
           '<ul><li><p>It flips: False</p></li></ul>'
           '<div class="cell"><pre>print(x == y)  # True</pre><p>True</p></div>'
-          '<table><tr><td>True</td></tr></table><p>Trueness is fine.</p></main>')
+          '<table><tr><td>True</td></tr></table><p>Trueness is fine.</p>'
+          '<p>Call it with <code class="literal">is_causal=True</code>.</p></main>')
     sitekit.parsed.cache_clear()
     problems = sitekit.verdicts_in_text(tmp_path)
     assert len(problems) == 2 and all(p.startswith("notebooks/01_costs.html") for p in problems)
