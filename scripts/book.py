@@ -432,6 +432,38 @@ def kernel_manager(kernel_name: str = "python3"):
     return KernelManager(kernel_name=kernel_name, config=kernel_config())
 
 
+def run_alone(path: str | Path, env: dict[str, str] | None = None):
+    """Execute a notebook (.ipynb) as a learner runs it: copied into an empty folder, offline,
+    with the project's own kernel, and `env` set in the kernel's environment (the tests
+    simulate other machines with it). Returns (executed notebook or None, seconds, error)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    os.environ.pop("MPLBACKEND", None)               # as in Jupyter: the inline backend draws
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **(env or {}))
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / Path(path).name
+        shutil.copy(path, copy)
+        notebook = nbformat.read(copy, as_version=4)
+        kernel = kernel_manager(notebook.metadata.get("kernelspec", {}).get("name", ""))
+        command = kernel.format_kernel_cmd()
+        if command[0] != sys.executable:
+            return None, 0.0, (f"the kernel runs {command[0]}, not this project's "
+                               f"{sys.executable}")
+        if sorted(os.listdir(folder)) != [copy.name]:
+            return None, 0.0, f"the folder is not empty: {os.listdir(folder)}"
+        start = time.perf_counter()
+        try:
+            NotebookClient(notebook, km=kernel, timeout=TIMEOUT, allow_errors=False,
+                           resources={"metadata": {"path": folder}}).execute()
+        except Exception as error:      # noqa: BLE001 — the error is the finding
+            return None, time.perf_counter() - start, f"{type(error).__name__}: {error}"
+        finally:
+            if kernel.has_kernel:       # a kernel we passed in is ours to stop
+                kernel.shutdown_kernel(now=True)
+        return notebook, time.perf_counter() - start, None
+
+
 def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     """Execute one notebook in a temporary folder; return (path, seconds, error, notebook)."""
     from jupyter_cache.executors.utils import single_nb_execution

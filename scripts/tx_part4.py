@@ -55,32 +55,25 @@ KINDS = ("exact", "close", "seeded", "measured", "recorded")
 GLUE_PREFIX = "application/papermill.record/"
 
 
+def check_whole(least: int, what: str, **values: int) -> None:
+    """Raise ValueError naming the first argument that is not a whole number
+    of at least `least` (`what` says so in the message)."""
+    for name, value in values.items():
+        whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if not whole or value < least:
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
 def check_positive(**sizes: int) -> None:
     """Raise ValueError naming the first argument that is not a positive
     whole number."""
-    for name, value in sizes.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Integral)
-            or value < 1
-        ):
-            raise ValueError(
-                f"{name} must be a positive integer, got {value!r}"
-            )
+    check_whole(1, "a positive integer", **sizes)
 
 
 def check_nonnegative(**counts: int) -> None:
     """Raise ValueError naming the first argument that is not a whole number
     ≥ 0."""
-    for name, value in counts.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Integral)
-            or value < 0
-        ):
-            raise ValueError(
-                f"{name} must be a whole number ≥ 0, got {value!r}"
-            )
+    check_whole(0, "a whole number ≥ 0", **counts)
 
 
 def check_rate(

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -12,3 +14,12 @@ def pytest_addoption(parser):
     parser.addoption("--require-site", action="store_true", default=False,
                      help="the site tests must run: no _build/html or no chromium is a failure, "
                           "not a skip (CI, after `make book`)")
+
+
+@pytest.fixture(scope="module")
+def site(request) -> Path:
+    """The built site, fresh, or a skip (a failure with --require-site). The browser test
+    overrides it with the site served on 127.0.0.1."""
+    import sitekit
+
+    return sitekit.fresh_site_or_skip(request.config, sitekit.HTML)

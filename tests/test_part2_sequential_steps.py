@@ -255,33 +255,14 @@ def test_generation_takes_one_forward_pass_per_token():
 # ── Part 2 alone on other machines: the number check and the sentences that follow the facts ──
 
 def _run_on_machine(path: str, facts: str) -> str:
-    """Execute one notebook alone (as tests/test_standalone.py does), with the machine facts
-    `facts` (JSON) in the kernel's environment; the executed notebook as JSON, or the error."""
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
+    """Execute Part 2 alone with the machine facts replaced; the executed notebook as text."""
     import nbformat
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
 
     import book
 
-    os.environ.pop("MPLBACKEND", None)
-    os.environ.update({tx.MACHINE_ENV: facts, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    with tempfile.TemporaryDirectory() as folder:
-        copy = Path(folder) / Path(path).name
-        shutil.copy(path, copy)
-        notebook = nbformat.read(copy, as_version=4)
-        kernel = KernelManager(kernel_name=notebook.metadata.get("kernelspec", {}).get("name", ""))
-        try:
-            NotebookClient(notebook, km=kernel, timeout=book.TIMEOUT, allow_errors=False,
-                           resources={"metadata": {"path": folder}}).execute()
-        finally:
-            if kernel.has_kernel:
-                kernel.shutdown_kernel(now=True)
-        return nbformat.writes(notebook)
+    notebook, _, error = book.run_alone(path, {tx.MACHINE_ENV: facts})
+    assert error is None, error
+    return nbformat.writes(notebook)
 
 
 @pytest.mark.slow

@@ -149,34 +149,14 @@ MACHINES = {  # what WHY_SELF_ATTENTION_MACHINE tells the page: another cache, o
 
 def run_page_on(facts: dict):
     """Execute Part 5's .ipynb alone in an empty folder, as tests/test_standalone.py does, with
-    the machine facts replaced; return the executed notebook (or the error's text)."""
+    the machine facts replaced; return the executed notebook."""
     import json
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    import nbformat
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
 
     import book
 
-    os.environ.pop("MPLBACKEND", None)
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    os.environ[tx.MACHINE_ENV] = json.dumps(facts)      # the kernel inherits it
     source = book.ROOT / "notebooks" / f"{PAGE}.ipynb"
-    with tempfile.TemporaryDirectory() as folder:
-        copy = Path(folder) / source.name
-        shutil.copy(source, copy)
-        notebook = nbformat.read(copy, as_version=4)
-        kernel = KernelManager(kernel_name=notebook.metadata["kernelspec"]["name"])
-        try:
-            NotebookClient(notebook, km=kernel, timeout=book.TIMEOUT, allow_errors=False,
-                           resources={"metadata": {"path": folder}}).execute()
-        finally:
-            if kernel.has_kernel:
-                kernel.shutdown_kernel(now=True)
+    notebook, _, error = book.run_alone(source, {tx.MACHINE_ENV: json.dumps(facts)})
+    assert error is None, error
     return notebook
 
 

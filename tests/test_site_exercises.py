@@ -7,14 +7,8 @@ import pytest
 
 import book
 import sitekit
-from sitekit import HTML
 
 PAGES = [md.stem for md in book.notebook_sources() if book.exercises(md)]
-
-
-@pytest.fixture(scope="module")
-def site(request):
-    return sitekit.fresh_site_or_skip(request.config, HTML)
 
 
 @pytest.mark.parametrize("stem", PAGES)

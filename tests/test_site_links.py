@@ -12,19 +12,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 import sitekit
-from sitekit import HTML, ROOT
+from sitekit import ROOT
 
 CITE = re.compile(r"\{cite(:[a-z]+)?\}`")
 PDF_NAME = "why-self-attention.pdf"   # the intro links it; it is in the site only after `make pdf`
-
-
-@pytest.fixture(scope="module")
-def site(request) -> Path:
-    """The built site, fresh, or a skip (a failure with --require-site)."""
-    return sitekit.fresh_site_or_skip(request.config, HTML)
 
 
 def test_every_internal_link_and_image_resolves(site):

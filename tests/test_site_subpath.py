@@ -23,10 +23,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
-import pytest
-
 import sitekit
-from sitekit import HTML
 
 PREFIX = "/why-self-attention/"          # where Pages serves the book: https://OWNER.github.io/REPO/
 PDF_NAME = "why-self-attention.pdf"       # beside the pages, after `make pdf`
@@ -176,12 +173,6 @@ def clear() -> None:
 
 
 # ── the built site ────────────────────────────────────────────────────────────────────────
-
-
-@pytest.fixture(scope="module")
-def site(request) -> Path:
-    """The built site, fresh, or a skip (a failure with --require-site)."""
-    return sitekit.fresh_site_or_skip(request.config, HTML)
 
 
 def test_every_page_link_and_file_is_served_below_the_path(site):

@@ -11,16 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import shutil
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import nbformat  # imported here, once: the forked workers share it
 import pytest
-from nbclient import NotebookClient
 
 import book
 
@@ -33,29 +27,8 @@ WORKERS = 2                                          # notebooks at a time (a 2-
 
 def run_alone(path: str) -> tuple[str, float, str | None]:
     """Copy one notebook into an empty folder and execute it there; (name, seconds, error)."""
-    os.environ.pop("MPLBACKEND", None)               # as in Jupyter: the inline backend draws
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")   # no network
-    name = Path(path).stem
-    with tempfile.TemporaryDirectory() as folder:
-        copy = Path(folder) / Path(path).name
-        shutil.copy(path, copy)
-        notebook = nbformat.read(copy, as_version=4)
-        kernel = book.kernel_manager(notebook.metadata.get("kernelspec", {}).get("name", ""))
-        command = kernel.format_kernel_cmd()
-        if command[0] != sys.executable:
-            return name, 0.0, f"the kernel runs {command[0]}, not this project's {sys.executable}"
-        if sorted(os.listdir(folder)) != [copy.name]:
-            return name, 0.0, f"the folder is not empty: {os.listdir(folder)}"
-        start = time.perf_counter()
-        try:
-            NotebookClient(notebook, km=kernel, timeout=TIMEOUT, allow_errors=False,
-                           resources={"metadata": {"path": folder}}).execute()
-        except Exception as error:      # noqa: BLE001 — the error is the finding, by notebook
-            return name, time.perf_counter() - start, f"{type(error).__name__}: {error}"
-        finally:
-            if kernel.has_kernel:       # a kernel we passed in is ours to stop
-                kernel.shutdown_kernel(now=True)
-        return name, time.perf_counter() - start, None
+    _, seconds, error = book.run_alone(path)
+    return Path(path).stem, seconds, error
 
 
 @pytest.fixture(scope="module")
