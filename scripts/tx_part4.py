@@ -59,8 +59,8 @@ def check_whole(least: int, what: str, **values: int) -> None:
     """Raise ValueError naming the first argument that is not a whole number
     of at least `least` (`what` says so in the message)."""
     for name, value in values.items():
-        whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        if not whole or value < least:
+        whole = isinstance(value, numbers.Integral)
+        if isinstance(value, bool) or not whole or value < least:
             raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
