@@ -477,7 +477,7 @@ def machine_text(facts: dict | None = None) -> str:
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
     return (
         f"{facts['cpu']}, {facts['cores']} cores, "
-        f"torch's pool {facts['threads']} threads, largest cache {cache}, "
+        f"{facts['threads']} threads by torch's default, largest cache {cache}, "
         f"BLAS {facts['blas']}, kernels {facts['kernels']}"
     )
 
@@ -499,9 +499,10 @@ def setup(seed: int = 0, threads: int = 1) -> str:
     use_book_style()
     # imported modules never become garbage: leave them out of it
     gc.freeze()
+    used = f"{threads} thread" + ("s" if threads > 1 else "")
     return (
-        f"torch {torch.__version__}, seed {seed}, {threads} CPU thread(s)\n"
-        f"machine: {machine_text()}"
+        f"torch {torch.__version__}, seed {seed}; this page computes on "
+        f"{used} (torch.set_num_threads)\nmachine: {machine_text()}"
     )
 
 
