@@ -133,6 +133,10 @@ def expected_pasted(md: Path, page: str, glued: dict) -> tuple[list[str], list[s
 def glue_problems(page: str, pasted: list[str], expected: list[str]) -> list[str]:
     """Compare the texts a page shows in <span class="pasted-text"> with those it must show."""
     problems = []
+    # Sphinx's smart quotes set a glued phrase's ' and " as ’ and ”: the same words
+    straight = str.maketrans({"‘": "'", "’": "'", "“": '"', "”": '"'})
+    pasted = [text.translate(straight) for text in pasted]
+    expected = [text.translate(straight) for text in expected]
     missing, extra = Counter(expected) - Counter(pasted), Counter(pasted) - Counter(expected)
     for text, count in missing.items():
         problems.append(f"{page}: glued value {text!r} missing from the page ({count}×)")
