@@ -692,7 +692,7 @@ def table1_terms(n: int, d: int, k: int = 3, r: int = 16) -> dict[str, int]:
 def cost_table(ns: Iterable[int] = (10, 27, 100, 512, 2048, 8192),
                d: int = 512, k: int = 3, r: int = 16) -> pd.DataFrame:
     """Table 1's terms for several lengths n; the work a window really
-    does, min(r, n)·n·d; and the ratio n/d of attention to recurrence."""
+    does, at most min(r, n)·n·d; and the ratio n/d."""
     rows = {n: table1_terms(n, d, k, r) for n in ns}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"

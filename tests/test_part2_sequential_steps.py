@@ -293,8 +293,10 @@ def test_part2_alone_on_another_machine(cores):
     assert glued["threads_phrase"].value == values[0 if threads > 1 else 1]
     product = glued["isolated_threads.all_threads.product_ms"].value
     alone = glued["isolated_threads.one_thread.product_ms"].value
-    words = glued["threads_product_phrase"]
-    assert words.value == words.values[0 if product < alone else 1]
+    words = glued["threads_product_phrase"]         # [one thread, a gain, no gain]
+    assert words.value == words.values[0 if threads == 1 else 1 if product < alone else 2]
+    decided = [glued[f"{k}_lengths"].value for k in ("slower", "faster", "undecided")]
+    assert sum(decided) == glued["time_lengths"].value   # every length counted once
     ratio = glued["time_ratio_4096"].value                # the clock's words follow the clock
     assert glued["attention_vs_loop_4096"].value == ("slower than" if ratio > 1 else "faster than")
     slope, in_step = glued["loop_slope"].value, glued["loop_in_step"]
