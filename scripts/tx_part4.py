@@ -3141,13 +3141,13 @@ def mamba_mixer_weights(width: int, expand: int = 2, state: int = 16,
     2023), for model width d and inner width E·d."""
     tx.check_positive(width=width, expand=expand, state=state, conv=conv)
     inner = expand * width
-    # Δ's low rank: "auto" in transformers
+    # the step size Δ passes through `rank` numbers ("auto": d / 16)
     rank = math.ceil(width / 16) if dt_rank is None else dt_rank
     return (width * 2 * inner             # in_proj: d → 2·E·d
             + inner * conv + inner        # conv1d: a window a channel, bias
             + inner * (rank + 2 * state)  # x_proj: Δ's rank numbers, B, C
-            + rank * inner + inner        # dt_proj: rank → E·d, and bias
-            + inner * state + inner       # A (stored as A_log) and D
+            + rank * inner + inner        # dt_proj: Δ, one a channel; bias
+            + inner * state + inner       # A_log: log(−A); D: the skip
             + inner * width)              # out_proj: E·d → d
 
 
@@ -4120,8 +4120,8 @@ def costs_table(costs: dict[str, dict],
     2^20, 2^30 bytes), as labelled."""
     rows = {}
     for name, c in costs.items():
-        row = {"KiB a token": c["kv_bytes_per_token"] / tx.KIB,
-               "state MiB": c["state_bytes"] / tx.MIB}
+        row = {"KiB a token, all layers": c["kv_bytes_per_token"] / tx.KIB,
+               "state MiB, all layers": c["state_bytes"] / tx.MIB}
         for n, b in c["cache_bytes"].items():
             row[f"GiB at {n:,}"] = b / tx.GIB
         row["weights (billions)"] = c["weights"] / 1e9
