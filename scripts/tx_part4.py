@@ -2112,12 +2112,15 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     pad = blocks * r - n                  # queries past the end (dropped)
     span = 2 * r - 1                      # keys one block can reach
     q_blk = F.pad(q, (0, 0, 0, pad)).view(blocks, r, d)
-    # (blocks, d, 2r − 1): the keys of each block's span, and their values
+    # (blocks, d, 2r − 1): spans of 2r − 1 keys, r apart, after `half`
+    # zero rows, so slot s of block b holds key b·r − half + s
     k_span = F.pad(k, (0, 0, half, half + pad)).unfold(0, span, r)
     v_span = F.pad(v, (0, 0, half, half + pad)).unfold(0, span, r)
-    slot = torch.arange(span, device=q.device)
-    row = torch.arange(r, device=q.device)[:, None]
-    inside = (slot - half - row).abs() <= half   # the query's own window
+    slot = torch.arange(span, device=q.device)        # s
+    row = torch.arange(r, device=q.device)[:, None]   # query b·r + row
+    # key b·r − half + s lies within half of query b·r + row
+    inside = (slot - half - row).abs() <= half
+    # b·r, the first query of block b
     first = torch.arange(blocks, device=q.device)[:, None, None] * r
     key = first - half + slot                    # the key in each slot
     allowed = inside & (key >= 0) & (key < n)    # and the key exists
@@ -2888,8 +2891,9 @@ def count_bytes_moved(fn, *args) -> int:
 
 
 def model_cache(output):
-    """The cache a model output holds, under any release's name (version
-    compatibility, Parts 5–8)."""
+    """The cache a model output holds, under any release's name:
+    transformers renamed that field across its 5.x releases, so Parts 5–8
+    read it through this one helper and run on all of them."""
     # transformers 5.24 names it `output.cache`; earlier 5.x releases
     # `past_key_values` (`cache_params` for Mamba). Reading `.cache` alone
     # breaks on those releases.
@@ -2902,8 +2906,9 @@ def model_cache(output):
 
 
 def cache_argument(model) -> str:
-    """The name forward() takes a cache back under, in this release
-    (version compatibility, 5–8)."""
+    """The name under which model.forward() takes a cache back, in this
+    release: transformers renamed that argument across its 5.x releases,
+    so Parts 5–8 ask for it here and run on all of them."""
     # `cache` in transformers 5.24, `past_key_values` (or Mamba's
     # `cache_params`) before it. The wrong name fails silently on older
     # releases: every step starts a fresh cache.
