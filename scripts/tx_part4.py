@@ -477,7 +477,8 @@ def machine_text(facts: dict | None = None) -> str:
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
     return (
         f"{facts['cpu']}, {facts['cores']} cores, "
-        f"{facts['threads']} threads by torch's default, largest cache {cache}, "
+        f"{facts['threads']} threads by torch's default, "
+        f"largest cache {cache}, "
         f"BLAS {facts['blas']}, kernels {facts['kernels']}"
     )
 

@@ -13,6 +13,7 @@ when it runs in one.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -143,8 +144,10 @@ def make_calls(script: str) -> list[list[str]] | None:
 def make_accepts(target: str) -> str | None:
     """None if `make -n TARGET` (a dry run: nothing is executed) accepts the target, else make's
     complaint."""
+    # as a top-level make, also when `make test` runs this (no "make[1]:" in the message)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     done = subprocess.run(["make", "-n", *([target] if target else [])], cwd=ROOT,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     if done.returncode == 0:
         return None
     return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
