@@ -773,6 +773,7 @@ def measured_counts(n: int = 27, d: int = 512, k: int = 3,
          flops(attention_core, q, kk, v)),
         ("self-attention projections", attention.projections,
          flops(lambda: (x @ Wq, x @ Wk, x @ Wv, x @ Wo))),
+        # tx.recurrent_chain, defined in Part 2: h = tanh(xW_t + h U)
         ("recurrent chain", recurrent.chain,
          flops(tx.recurrent_chain, x @ W, U)),
         ("recurrent input", recurrent.input, flops(lambda: x @ W)),
@@ -1067,10 +1068,11 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
               warmup: bool = True) -> dict[str, float]:
     """Wall time of fn(*args): one warm-up run, then timed runs; seconds.
 
-    Runs at least `min_runs` times and until `min_time` seconds have
-    passed (at most `max_runs`). Like torch.utils.benchmark, it switches
-    off the garbage collector while it times and waits for a GPU to
-    finish before it reads the clock (its own harness, because the Timer
+    The warm-up's time sets the number of timed runs: enough for about
+    `min_time` seconds, at least `min_runs`, at most `max_runs`. Like
+    torch.utils.benchmark, it switches off the garbage collector while
+    it times and waits for a GPU to finish before it reads the clock
+    (its own harness, because the Timer
     of torch.utils.benchmark repeats every timed run twice as a warm-up,
     which triples the cost of the slow cases). `warmup=False` counts the
     first run too: for a long chain of small steps, whose first steps
@@ -1157,19 +1159,22 @@ def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
     """Time the same n·d² multiply-adds three ways: one product x U, n
     independent steps, and the n-step chain h ← tanh(x_i + h U).
     Milliseconds, each the median of its timed runs after a warm-up
-    run (a case of 50 ms or more is timed once), and their ratios."""
+    run (a case of 50 ms or more is timed once), their ratios, and
+    the runs of the two slow cases."""
     with torch.no_grad():
         # every position at once
-        product = time_call(torch.matmul, x, U)["median"]
+        product = time_call(torch.matmul, x, U)
         # n small products, free to run in any order
-        steps = time_call(independent_steps, x, U, min_runs=1)["median"]
+        steps = time_call(independent_steps, x, U, min_runs=1)
         # n small products in a row
-        chain = time_call(recurrent_chain, x, U, min_runs=1)["median"]
-    return {"product ms": 1e3 * product, "steps ms": 1e3 * steps,
-            "chain ms": 1e3 * chain,
-            "steps / product": steps / product,   # unbatched execution
-            "chain / steps": chain / steps,       # the dependency itself
-            "chain / product": chain / product}   # both together
+        chain = time_call(recurrent_chain, x, U, min_runs=1)
+    p, s, c = (t["median"] for t in (product, steps, chain))
+    return {"product ms": 1e3 * p, "steps ms": 1e3 * s,
+            "chain ms": 1e3 * c,
+            "steps / product": s / p,   # unbatched execution
+            "chain / steps": c / s,     # both serial: the same price?
+            "chain / product": c / p,   # both together
+            "steps runs": steps["runs"], "chain runs": chain["runs"]}
 
 
 def recorded_tables(record: dict | None = None

@@ -197,6 +197,7 @@ def test_price_of_waiting_times_both_ways():
     price = tx.price_of_waiting(x, U)
     assert price["product ms"] > 0 and price["chain ms"] > 0
     assert math.isclose(price["chain / product"], price["chain ms"] / price["product ms"])
+    assert price["steps runs"] >= 1 and price["chain runs"] >= 1   # shown beside the times
 
 
 def test_price_of_waiting_warms_up_both_ways(monkeypatch):
@@ -289,8 +290,6 @@ def test_part2_alone_on_another_machine(cores):
     assert glued["machine_cores"].value == cores
     assert glued["threads_all"].value == threads
     assert glued["isolated_threads.all_threads.threads"].value == threads
-    values = glued["threads_phrase"].values            # [if more than one thread, if one]
-    assert glued["threads_phrase"].value == values[0 if threads > 1 else 1]
     product = glued["isolated_threads.all_threads.product_ms"].value
     alone = glued["isolated_threads.one_thread.product_ms"].value
     words = glued["threads_product_phrase"]         # [one thread, a gain, no gain]
