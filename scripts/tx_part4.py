@@ -1343,8 +1343,9 @@ def dilated_offsets(layer: int, k: int = 3) -> list[int]:
     """Layer L of the book's one-sided dilated stack: k taps k^(L-1)
     apart (dilation 1, k, k², …).
 
-    ByteNet doubles its dilations instead (1, 2, 4, …); with k = 3
-    tripling leaves no gaps."""
+    ByteNet doubles its dilations instead, up to 16, then starts
+    again at 1 (1, 2, 4, 8, 16, 1, 2, …); with k = 3 tripling leaves
+    no gaps."""
     tx.check_positive(layer=layer, k=k)
     return [-o * k ** (layer - 1) for o in range(k)]
 
@@ -1673,7 +1674,7 @@ def order_test(n: int = 8, d: int = 16, seed: int = 0,
     perm = torch.randperm(n, generator=g)         # a shuffle of the rows
     # slot i gets the vector of position i, or nothing
     add = sinusoid_positions(n, d) if positions else torch.zeros(n, d)
-    # slot i reads slots 0 … i, or every slot
+    # slot i reads slots 0 … i, or every slot (Part 5 defines the mask)
     mask = tx.causal_mask(n) if causal else None
 
     def attend(h):                   # the layer: projections, then the core

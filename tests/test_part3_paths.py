@@ -151,6 +151,25 @@ def test_reach_and_layers_to_cover():
         assert layers == 1 or tx.reach(layers - 1, doubling=doubling) < context
 
 
+def test_capped_doubling_grows_linearly_beyond_one_block():
+    """ByteNet's schedule (1, 2, 4, 8, 16, then again from 1), followed with layers_to_connect,
+    against the fewest layers whose summed dilations reach back n - 1 positions (k = 3)."""
+    def capped(L):
+        return [-tap * 2 ** ((L - 1) % 5) for tap in range(3)]
+
+    def by_sum(n):
+        layers, back = 0, 0
+        while back < n - 1:
+            back += 2 * 2 ** (layers % 5)               # a kernel of 3 reaches 2 dilations further
+            layers += 1
+        return layers
+
+    counts = {n: tx.layers_to_connect(n, capped) for n in (2, 3, 62, 63, 64, 125, 126, 512)}
+    assert counts == {n: by_sum(n) for n in counts}
+    assert counts[63] == 5 and counts[64] == 6 and counts[125] == 10 and counts[126] == 11
+    assert counts[512] > tx.layers_to_cover(512, doubling=True)
+
+
 def test_cone_of_a_centred_kernel():
     n, middle = 17, 8
     links = tx.window_links(n, tx.centred_offsets(3))
