@@ -3453,6 +3453,7 @@ def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32,
         vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, attn_layer_period=4, attn_layer_offset=2,
+        # every 2nd layer a mixture of 2 experts, 1 used a token (Part 8)
         expert_layer_period=2, expert_layer_offset=1, num_experts=2,
         num_experts_per_tok=1, mamba_d_state=state, mamba_d_conv=4,
         mamba_expand=2, mamba_dt_rank=4)
@@ -4024,6 +4025,22 @@ def max_tokens(config: dict, free_bytes: int, bytes_per_number: int = 2,
     return low
 
 
+def position_limit(config: dict) -> int | None:
+    """The most tokens a model can take: the rows of a learned table of
+    positions (GPT-2's), or None when positions are computed (rotary)
+    or absent (Mamba)."""
+    rows = config.get("max_position_embeddings")
+    model = meta_model(config, layers=1)   # the tables sit outside layers
+    words = model.get_input_embeddings()
+    for module in model.modules():
+        # another embedding, a row a position (OPT adds 2 rows)
+        if (rows and isinstance(module, torch.nn.Embedding)
+                and module is not words
+                and 0 <= module.num_embeddings - rows <= 2):
+            return rows
+    return None
+
+
 def count_model_pairs(config: dict, n: int) -> float:
     """Multiply-adds on pairs of positions in one causal pass over n
     tokens, every attention layer (other kinds compare no pairs)."""
@@ -4092,8 +4109,9 @@ def model_costs(config: dict, weights: tuple[int, int],
                 layers: list | None = None) -> dict:
     """Every cost of the book for one model: cache a token, fixed state,
     cache at each length, longest single conversation in each memory
-    after the weights, least decode time a token (batch 1, bandwidth
-    only), crossing length. `layers` comes from price_layers."""
+    after the weights (and within a table of positions), least decode
+    time a token (batch 1, bandwidth only), crossing length. `layers`
+    comes from price_layers."""
     total, read = weights
     layers = layers or formula_layers(config, bytes_per_number)
     measured = {(r["kind"], r["window"]): (r["bytes_per_token"],
@@ -4106,13 +4124,17 @@ def model_costs(config: dict, weights: tuple[int, int],
              "weights_read_per_token": read,
              "weight_bytes": total * bytes_per_number,
              "cache_bytes": {n: cache(n) for n in tokens},
-             "max_tokens": {}, "weights_fit": {}}
+             "max_tokens": {}, "weights_fit": {},
+             "position_limit": position_limit(config)}
+    limit = costs["position_limit"]
     for gib in accelerator.memories_gib:
         free = int(gib * tx.GIB) - costs["weight_bytes"]
         costs["weights_fit"][gib] = free >= 0
-        costs["max_tokens"][gib] = (max_tokens(
-            config, free, bytes_per_number, measured=measured)
-            if free >= 0 else 0)
+        fit = (max_tokens(config, free, bytes_per_number,
+                          measured=measured) if free >= 0 else 0)
+        if limit is not None and (fit is None or fit > limit):
+            fit = limit                   # no row for the next position
+        costs["max_tokens"][gib] = fit
     # A decoding step reads every weight the token uses (the input
     # embedding only where tied to the output head) and the whole cache.
     per_token = weights_per_token(config, read)
@@ -4129,26 +4151,48 @@ def model_costs(config: dict, weights: tuple[int, int],
 def costs_table(costs: dict[str, dict],
                 accelerator: Accelerator = Accelerator()) -> pd.DataFrame:
     """One row a model, side by side: bytes in KiB, MiB or GiB (2^10,
-    2^20, 2^30 bytes), as labelled."""
+    2^20, 2^30 bytes), as labelled. A length past a model's table of
+    positions reads "cannot run"."""
     rows = {}
     for name, c in costs.items():
+        limit = c.get("position_limit")
+        runs = lambda n: limit is None or n <= limit  # noqa: E731
         row = {"KiB a token, all layers": c["kv_bytes_per_token"] / tx.KIB,
-               "state MiB, all layers": c["state_bytes"] / tx.MIB}
+               "state MiB, all layers": c["state_bytes"] / tx.MIB,
+               "position limit": "none" if limit is None else limit}
         for n, b in c["cache_bytes"].items():
-            row[f"GiB at {n:,}"] = b / tx.GIB
+            row[f"GiB at {n:,}"] = b / tx.GIB if runs(n) else "cannot run"
         row["weights (billions)"] = c["weights"] / 1e9
         for gib in accelerator.memories_gib:
             fit = c["max_tokens"][gib]
             row[f"tokens in {gib:g} GiB"] = (
                 "no room" if not c["weights_fit"][gib]
                 else "no limit" if fit is None else fit)
-        row[f"ms a token at {c['decode_at']:,}"] = 1e3 * c["decode_seconds"]
-        row["pairs overtake at"] = ("never" if c["crossing_tokens"] is None
-                                    else c["crossing_tokens"])
+        row[f"ms a token at {c['decode_at']:,}"] = (
+            1e3 * c["decode_seconds"] if runs(c["decode_at"])
+            else "cannot run")
+        cross = c["crossing_tokens"]
+        row["pairs overtake at"] = (
+            "never" if cross is None
+            else cross if runs(cross) else "cannot run")
         rows[name] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "model"
     return table
+
+
+def costs_text(costs: dict[str, dict],
+               accelerator: Accelerator = Accelerator()) -> str:
+    """`costs_table` as plain text, one column a model: whole numbers with
+    commas, others to 2 decimals."""
+    def cell(value) -> str:
+        if isinstance(value, numbers.Integral):
+            return f"{value:,}"
+        if isinstance(value, numbers.Real):
+            return f"{value:,.2f}"
+        return str(value)
+
+    return costs_table(costs, accelerator).map(cell).T.to_string()
 
 # ── end of the cells saved from notebooks/08_your_model.md ──
 
@@ -4171,40 +4215,10 @@ class _WholeOrWord:
 WHOLE_OR_WORD = _WholeOrWord()
 
 
-class _GibOrMib:
-    """A display format for a column in GiB: values under 0.01 GiB are
-    written in MiB, so that a small fixed state reads "2.53 MiB", not
-    "0.00"."""
-
-    @staticmethod
-    def format(value) -> str:
-        if value >= 0.01 or value == 0:
-            return f"{value:,.2f}"
-        return f"{value * 1024:,.2f} MiB"
-
-
-#: Pass as the format of a GiB column whose small values should show in MiB.
-GIB_OR_MIB = _GibOrMib()
-
-
 def key_name(name: str) -> str:
     """A model's name as part of a glue key: letters, digits and
     underscores."""
     return "".join(c if c.isalnum() else "_" for c in name)
-
-
-def costs_text(costs: dict[str, dict],
-               accelerator: Accelerator = Accelerator()) -> str:
-    """`costs_table` as plain text, one column a model: whole numbers with
-    commas, others to 2 decimals."""
-    def cell(value) -> str:
-        if isinstance(value, numbers.Integral):
-            return f"{value:,}"
-        if isinstance(value, numbers.Real):
-            return f"{value:,.2f}"
-        return str(value)
-
-    return costs_table(costs, accelerator).map(cell).T.to_string()
 
 
 # ══════════════════════════════════════════════════════════════════════════

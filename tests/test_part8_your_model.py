@@ -367,10 +367,24 @@ def test_decode_reads_the_weights_a_token_uses_not_the_input_embedding():
     assert tied["decode_bytes"] == 1000 * 2 + tx.cache_bytes(mamba, 8192)
 
 
-def test_gib_or_mib_format():
-    assert tx.GIB_OR_MIB.format(6.25) == "6.25"
-    assert tx.GIB_OR_MIB.format(0.0) == "0.00"
-    assert tx.GIB_OR_MIB.format(2.53125 / 1024) == "2.53 MiB"
+def test_learned_positions_bound_every_length(capsys):
+    """GPT-2 has a learned table of 1,024 positions: no length past it runs, whatever the memory."""
+    configs = tx.shipped_configs()
+    gpt2 = configs["gpt2"]
+    assert tx.position_limit(gpt2) == gpt2["max_position_embeddings"] == 1024
+    assert tx.position_limit(configs["llama-3-8b"]) is None          # rotary: computed
+    assert tx.position_limit(configs["mamba-130m"]) is None          # no positions
+    costs = tx.model_costs(gpt2, tx.meta_weights(gpt2), tx.Accelerator())
+    assert costs["max_tokens"] == {24: 1024, 80: 1024}
+    row = tx.costs_table({"gpt2": costs}).loc["gpt2"]
+    assert row["position limit"] == 1024 and row["tokens in 24 GiB"] == 1024
+    for column in ("GiB at 8,192", "GiB at 131,072", "ms a token at 8,192", "pairs overtake at"):
+        assert row[column] == "cannot run", column
+    tx.main(["model", str(tx.CONFIG_DIR / "gpt2.json")])
+    out = capsys.readouterr().out
+    assert "cannot run" in out and "692,299" not in out
+    tx.main(["model", str(tx.CONFIG_DIR / "gpt2.json"), "--json"])
+    assert json.loads(capsys.readouterr().out)["position_limit"] == 1024
 
 
 # ── any model transformers builds: names, kinds, formula against measurement ────────────────
