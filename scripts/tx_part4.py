@@ -546,33 +546,13 @@ def cli_table(title: str):
 
 
 # ══════════════════════════════════════════════════════════════════════════
-# Stated examples: units, and the accelerator of Part 6
-# (the example model is Part 1's)
+# Stated examples: units (the example model is Part 1's, the example
+# accelerator Part 6's)
 # ══════════════════════════════════════════════════════════════════════════
 
 GIB = 2 ** 30
 MIB = 2 ** 20
 KIB = 2 ** 10
-
-
-@dataclass(frozen=True)
-class ExampleAccelerator:
-    """A stated accelerator: memory, memory bandwidth and arithmetic
-    rate."""
-    memory_bytes: int = 24 * GIB
-    bytes_per_second: float = 1e12    # 1 TB/s
-    flops_per_second: float = 1e14    # 100 TFLOP/s
-
-    def __post_init__(self):
-        if not self.memory_bytes > 0:
-            raise ValueError(f"memory_bytes must be positive, "
-                             f"got {self.memory_bytes!r}")
-        if not self.bytes_per_second > 0:
-            raise ValueError(f"bytes_per_second must be positive, "
-                             f"got {self.bytes_per_second!r}")
-        if not self.flops_per_second > 0:
-            raise ValueError(f"flops_per_second must be positive, "
-                             f"got {self.flops_per_second!r}")
 
 
 # ══════════════════════════════════════════════════════════════════════════
@@ -2410,6 +2390,20 @@ cli_table("Part 5 · pairs of a causal mask, a sliding window, "
 
 # ── saved from notebooks/06_kv_cache.md (#@save): edit there ──
 
+@dataclass(frozen=True)
+class ExampleAccelerator:
+    """A stated accelerator: memory, memory bandwidth and arithmetic
+    rate."""
+    memory_bytes: int = 24 * tx.GIB
+    bytes_per_second: float = 1e12    # 1 TB/s
+    flops_per_second: float = 1e14    # 100 TFLOP/s
+
+    def __post_init__(self):
+        tx.check_positive_number(memory_bytes=self.memory_bytes,
+                                 bytes_per_second=self.bytes_per_second,
+                                 flops_per_second=self.flops_per_second)
+
+
 def kv_bytes_per_token(model=tx.ExampleModel()) -> int:
     """Bytes the cache keeps for one token: a key and a value per layer
     and per key-value head."""
@@ -2433,7 +2427,7 @@ def kv_cache_bytes(tokens: int, model=tx.ExampleModel(),
 
 
 def cache_memory(model=tx.ExampleModel(),
-                 accelerator=tx.ExampleAccelerator()) -> int:
+                 accelerator=ExampleAccelerator()) -> int:
     """Bytes of memory left for caches once the weights are loaded."""
     free = accelerator.memory_bytes - model.weight_bytes
     if free < 0:
@@ -2444,7 +2438,7 @@ def cache_memory(model=tx.ExampleModel(),
 
 
 def max_context(model=tx.ExampleModel(),
-                accelerator=tx.ExampleAccelerator()) -> int:
+                accelerator=ExampleAccelerator()) -> int:
     """The most tokens one conversation can cache beside the weights."""
     free = cache_memory(model, accelerator)
     return free // kv_bytes_per_token(model)          # whole tokens only
@@ -2452,7 +2446,7 @@ def max_context(model=tx.ExampleModel(),
 
 def conversations_that_fit(tokens: int,
                            model=tx.ExampleModel(),
-                           accelerator=tx.ExampleAccelerator()) -> int:
+                           accelerator=ExampleAccelerator()) -> int:
     """Conversations of `tokens` tokens whose caches fit beside the
     weights at the same time (whole conversations only)."""
     tx.check_positive(tokens=tokens)
@@ -2461,7 +2455,7 @@ def conversations_that_fit(tokens: int,
 
 
 def sharing_table(model=tx.ExampleModel(),
-                  accelerator=tx.ExampleAccelerator(),
+                  accelerator=ExampleAccelerator(),
                   kv_heads=(16, 4, 1), lengths=(2048, 8192, 32768),
                   window: int = 1024) -> pd.DataFrame:
     """Cache sizes when groups of heads share one key and one value
@@ -2594,13 +2588,28 @@ def kv_projection_saving(model=tx.ExampleModel()) -> int:
     return 2 * model.layers * model.width * fewer * model.head_size
 
 
-def with_grouped_projections(model: tx.ExampleModel) -> tx.ReaderModel:
+@dataclass(frozen=True)
+class ReaderModel(tx.ExampleModel):
+    """A reader's own model: the example model's shape, with its real
+    weight count if known."""
+    # None: estimate 12·width² a layer, as the example model does
+    weight_count: int | None = None
+
+    @property
+    def parameters(self) -> int:
+        """The weight count given, or the example model's estimate."""
+        if self.weight_count is not None:
+            return self.weight_count
+        return super().parameters
+
+
+def with_grouped_projections(model: tx.ExampleModel) -> ReaderModel:
     """The same model, its weight count lowered by the smaller K and V
     projections (the stated example keeps 12 width² a layer)."""
     names = tx.ExampleModel.__dataclass_fields__
     fields = {f: getattr(model, f) for f in names}
     weights = model.parameters - kv_projection_saving(model)
-    return tx.ReaderModel(**fields, weight_count=weights)
+    return ReaderModel(**fields, weight_count=weights)
 
 
 def greedy_decode(net, prompt: torch.Tensor, new_tokens: int,
@@ -2628,10 +2637,10 @@ def greedy_decode(net, prompt: torch.Tensor, new_tokens: int,
 
 
 def decode_seconds(context: int, model=tx.ExampleModel(),
-                   accelerator=tx.ExampleAccelerator()) -> float:
-    """Time of one new token after `context` cached tokens, one
-    conversation alone: every weight and the whole cache are read once,
-    so memory bandwidth sets the time."""
+                   accelerator=ExampleAccelerator()) -> float:
+    """Least time of one new token after `context` cached tokens, one
+    conversation alone: every weight and the whole cache are read once
+    at full bandwidth (a floor)."""
     tx.check_nonnegative(context=context)
     # bytes one step must read
     read = model.weight_bytes + kv_cache_bytes(context, model)
@@ -2668,7 +2677,7 @@ def decode_step_bytes(batch: int, context: int,
 
 
 def ridge_batch(model=tx.ExampleModel(),
-                accelerator=tx.ExampleAccelerator(),
+                accelerator=ExampleAccelerator(),
                 context: int = 0) -> int | None:
     """The smallest batch whose decode step reaches the ridge point
     (FLOPs a second ÷ bytes a second); None when no batch does."""
@@ -2693,7 +2702,7 @@ def ridge_batch(model=tx.ExampleModel(),
 
 
 def ridge_context(model=tx.ExampleModel(),
-                  accelerator=tx.ExampleAccelerator()) -> int | None:
+                  accelerator=ExampleAccelerator()) -> int | None:
     """The longest cache with which some batch still reaches the ridge
     point; None when every length can."""
     ratio = accelerator.flops_per_second / accelerator.bytes_per_second
@@ -2707,7 +2716,7 @@ def ridge_context(model=tx.ExampleModel(),
 
 
 def ridge_table(model=tx.ExampleModel(),
-                accelerator=tx.ExampleAccelerator(),
+                accelerator=ExampleAccelerator(),
                 kv_heads=(16, 4, 1), contexts=(0, 32, 64, 128)
                 ) -> pd.DataFrame:
     """For each sharing of keys and values: the batch that reaches the
@@ -2740,7 +2749,7 @@ def prefill_flops(n: int, model=tx.ExampleModel()) -> float:
 
 
 def prefill_ridge_tokens(model=tx.ExampleModel(),
-                         accelerator=tx.ExampleAccelerator()) -> int:
+                         accelerator=ExampleAccelerator()) -> int:
     """The shortest prompt whose one pass reaches the ridge point,
     counting the bytes of the weights (read once) and of the cache it
     writes; attention's own bytes left out (a tiled kernel)."""
@@ -2761,17 +2770,17 @@ def prefill_ridge_tokens(model=tx.ExampleModel(),
 
 
 def prefill_seconds(n: int, model=tx.ExampleModel(),
-                    accelerator=tx.ExampleAccelerator()) -> float:
-    """Time to read an n-token prompt if arithmetic sets it: past
+                    accelerator=ExampleAccelerator()) -> float:
+    """Least time to read an n-token prompt at the full FLOP rate: past
     prefill_ridge_tokens, and with a tiled attention kernel."""
     return prefill_flops(n, model) / accelerator.flops_per_second
 
 
 def answer_seconds(prompt: int, answer: int,
                    model=tx.ExampleModel(),
-                   accelerator=tx.ExampleAccelerator()) -> float:
-    """Time to write `answer` tokens after a prompt: one decode step
-    each, on a growing cache."""
+                   accelerator=ExampleAccelerator()) -> float:
+    """Least time to write `answer` tokens after a prompt: one decode
+    step each, on a growing cache, at full bandwidth."""
     tx.check_positive(prompt=prompt, answer=answer)
     # the i-th new token reads the prompt and the i tokens before it
     return sum(decode_seconds(prompt + i, model, accelerator)
@@ -2792,7 +2801,7 @@ def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
 
 
 def kv_table(model=tx.ExampleModel(),
-             accelerator=tx.ExampleAccelerator(),
+             accelerator=ExampleAccelerator(),
              tokens=(2048, 8192, 32768, 131072),
              window: int = 1024) -> pd.DataFrame:
     """For each context length: cache, a window's cache, the
@@ -2935,21 +2944,6 @@ cli_table("Part 6 · the example model's cache in a 24 GiB, "
           "1 TB/s accelerator")(lambda: kv_table())
 cli_table("Part 6 · sharing keys and values across heads "
           "(example model)")(lambda: sharing_table())
-
-
-@dataclass(frozen=True)
-class ReaderModel(ExampleModel):
-    """A reader's own model: the example model's shape, with its real
-    weight count if known."""
-    # None: estimate 12·width² a layer, as the example model does
-    weight_count: int | None = None
-
-    @property
-    def parameters(self) -> int:
-        """The weight count given, or the example model's estimate."""
-        if self.weight_count is not None:
-            return self.weight_count
-        return super().parameters
 
 
 def kv_cli(argv: list[str]) -> list[tuple[str, pd.DataFrame]]:

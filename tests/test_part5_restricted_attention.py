@@ -202,6 +202,8 @@ def test_page_alone_on_another_machine_states_its_cache(simulated_runs, name):
     want = ("more than this CPU's largest cache holds" if table > facts["largest_cache_bytes"]
             else "less than this CPU's largest cache holds")
     assert want in glued[CACHE_PHRASE].value
+    if table <= facts["largest_cache_bytes"]:    # fits: the page leaves residency open
+        assert "this page does not settle" in glued[CACHE_PHRASE].value
     printed = "".join(output.get("text", "") for cell in simulated_runs[name].cells
                       if cell.cell_type == "code" for output in cell.get("outputs", []))
     size = f"largest cache {facts['largest_cache_bytes'] / 2**20:,.0f} MiB"
