@@ -1121,7 +1121,7 @@ RELEASES = "WHY_SELF_ATTENTION_RELEASES"
 
 def newest_releases(glued: dict, environ=None) -> None:
     """On the newest releases (WHY_SELF_ATTENTION_RELEASES=newest), the keys that name the
-    transformers release a page ran on must be a version string, not the pinned one: as in
+    transformers or torch release a page ran on must be a version string, not the pinned one: as in
     `make compat` (compat.accept_release_names), they are not compared. Elsewhere: nothing."""
     environ = os.environ if environ is None else environ
     if environ.get(RELEASES) == "newest":

@@ -167,9 +167,10 @@ def make_env(which: str, transformers: str | None, keep: bool = False) -> tuple[
 # ── inside the environment ────────────────────────────────────────────────────────────────
 
 
-#: Glued keys that name the transformers release the page ran on (the prose says "in transformers
-#: 5.24.0"). On another release they differ by design: they must be a version string, not equal.
-RELEASE_KEY = re.compile(r"(^|_)transformers_version$")
+#: Glued keys that name the transformers or torch release the page ran on (the prose says "in
+#: transformers 5.24.0"). On another release they differ by design: they must be a version
+#: string, not equal.
+RELEASE_KEY = re.compile(r"(^|_)(transformers|torch)_version$")
 
 
 def accept_release_names(glued: dict) -> None:
