@@ -76,22 +76,21 @@ def check_nonnegative(**counts: int) -> None:
     check_whole(0, "a whole number ≥ 0", **counts)
 
 
-def check_rate(
-    low_open: bool = False, high_open: bool = False, **rates: float
-) -> None:
+def is_real(value) -> bool:
+    """A real number that is not a bool (True is an int to Python)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_rate(low_open: bool = False, high_open: bool = False,
+               **rates: float) -> None:
     """Raise ValueError naming the first rate outside [0, 1] (or the
     half-open or open interval that the flags ask for)."""
     for name, rate in rates.items():
-        above = rate > 0 if low_open else rate >= 0
-        below = rate < 1 if high_open else rate <= 1
-        if (
-            isinstance(rate, bool)
-            or not isinstance(rate, numbers.Real)
-            or not (above and below)
-        ):
-            span = (
-                f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
-            )
+        above = is_real(rate) and (rate > 0 if low_open else rate >= 0)
+        below = is_real(rate) and (rate < 1 if high_open else rate <= 1)
+        if not (above and below):
+            span = ("(" if low_open else "[") + "0, 1" + \
+                (")" if high_open else "]")
             raise ValueError(f"{name} must lie in {span}, got {rate!r}")
 
 
@@ -99,69 +98,44 @@ def check_positive_number(**values: float) -> None:
     """Raise ValueError naming the first argument that is not a finite
     number > 0."""
     for name, value in values.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Real)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        if not (is_real(value) and math.isfinite(value) and value > 0):
             raise ValueError(
-                f"{name} must be a positive number, got {value!r}"
-            )
+                f"{name} must be a positive number, got {value!r}")
 
 
-def check_qkv(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-) -> None:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: torch.Tensor | None = None) -> None:
     """Queries (..., n, d), keys and values (..., m, d) of one width, and an
     optional (n, m) bool mask."""
-    if (
-        q.dim() < 2
-        or k.shape != v.shape
-        or q.shape[-1] != k.shape[-1]
-        or q.shape[:-2] != k.shape[:-2]
-    ):
+    if (q.dim() < 2 or k.shape != v.shape or q.shape[-1] != k.shape[-1]
+            or q.shape[:-2] != k.shape[:-2]):
         raise ValueError(
             "q, k, v must be (..., n, d), (..., m, d), (..., m, d) "
             f"tensors, got {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}"
-        )
-    if mask is not None and (
-        mask.dtype != torch.bool or mask.shape != (q.shape[-2], k.shape[-2])
-    ):
-        raise ValueError(
-            f"mask must be ({q.shape[-2]}, {k.shape[-2]}) booleans, got "
-            f"{tuple(mask.shape)} {mask.dtype}"
-        )
+            f"{tuple(v.shape)}")
+    n, m = q.shape[-2], k.shape[-2]
+    if mask is not None and (mask.dtype != torch.bool
+                             or mask.shape != (n, m)):
+        raise ValueError(f"mask must be ({n}, {m}) booleans, got "
+                         f"{tuple(mask.shape)} {mask.dtype}")
 
 
 def plain(value):
     """A plain Python bool, int, float or str: glue cannot format NumPy or
     torch scalars."""
-    if isinstance(value, (bool, int, float, str)) and type(value) in (
-        bool,
-        int,
-        float,
-        str,
-    ):
+    if type(value) in (bool, int, float, str):
         return value
     if hasattr(value, "item"):  # a NumPy scalar or a one-element tensor
         value = value.item()
-    if isinstance(value, bool):
-        return bool(value)
+    for kind in (bool, str):
+        if isinstance(value, kind):
+            return kind(value)
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    if isinstance(value, str):
-        return str(value)
-    raise ValueError(
-        "value must be a number, a bool or a string, got "
-        f"{type(value).__name__}"
-    )
+    raise ValueError("value must be a number, a bool or a string, got "
+                     f"{type(value).__name__}")
 
 
 def _in_notebook() -> bool:
@@ -186,21 +160,12 @@ def _glue(key: str, value, kind: str, tol: float | None, **hint) -> None:
     bundle, metadata = format_display_data(value)
     metadata["scrapbook"] = {"name": key, "mime_prefix": GLUE_PREFIX}
     metadata["why_self_attention"] = {"kind": kind, "tol": tol, **hint}
-    display(
-        {GLUE_PREFIX + mime: data for mime, data in bundle.items()},
-        raw=True,
-        metadata=metadata,
-    )
+    display({GLUE_PREFIX + mime: data for mime, data in bundle.items()},
+            raw=True, metadata=metadata)
 
 
-def show(
-    key: str,
-    value,
-    fmt: str = "{:,}",
-    kind: str | None = None,
-    tol: float | None = None,
-    **hint,
-):
+def show(key: str, value, fmt: str = "{:,}", kind: str | None = None,
+         tol: float | None = None, **hint):
     """Glue `value` under `key` for the page's prose, and print it for a
     reader.
 
@@ -218,24 +183,19 @@ def show(
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if _in_notebook():
         _glue(key, value, kind, tol, **hint)
-    print(
-        f"{key} = {value if isinstance(value, bool) else fmt.format(value)}"
-    )  # "{:,}" makes True 1
+    # "{:,}" would print True as 1
+    text = value if isinstance(value, bool) else fmt.format(value)
+    print(f"{key} = {text}")
     return value
 
 
 def check_key(key: str) -> None:
     """Raise ValueError unless `key` can be a glue key (no spaces, colons or
     braces)."""
-    if (
-        not isinstance(key, str)
-        or not key
-        or any(c.isspace() or c in "`:{}" for c in key)
-    ):
-        raise ValueError(
-            "key must be a non-empty name without spaces, colons or "
-            f"braces, got {key!r}"
-        )
+    if (not isinstance(key, str) or not key
+            or any(c.isspace() or c in "`:{}" for c in key)):
+        raise ValueError("key must be a non-empty name without spaces, "
+                         f"colons or braces, got {key!r}")
 
 
 def claim(key: str, ratio: float, threshold: float = 1.0) -> bool:
@@ -254,19 +214,10 @@ def claim(key: str, ratio: float, threshold: float = 1.0) -> bool:
     check_key(key)
     check_positive_number(threshold=threshold)
     ratio = plain(ratio)
-    if (
-        isinstance(ratio, bool)
-        or not isinstance(ratio, (int, float))
-        or not math.isfinite(ratio)
-    ):
+    if not (is_real(ratio) and math.isfinite(ratio)):
         raise ValueError(f"ratio must be a finite number, got {ratio!r}")
-    return show(
-        key,
-        bool(ratio > threshold),
-        kind="exact",
-        ratio=float(ratio),
-        threshold=float(threshold),
-    )
+    return show(key, bool(ratio > threshold), kind="exact",
+                ratio=float(ratio), threshold=float(threshold))
 
 
 def phrase(key: str, condition: bool, if_true: str, if_false: str) -> str:
@@ -279,26 +230,17 @@ def phrase(key: str, condition: bool, if_true: str, if_false: str) -> str:
     for name, words in (("if_true", if_true), ("if_false", if_false)):
         if not isinstance(words, str) or not words.strip():
             raise ValueError(
-                f"{name} must be a non-empty phrase, got {words!r}"
-            )
+                f"{name} must be a non-empty phrase, got {words!r}")
     if if_true == if_false:
         raise ValueError(
-            f"if_true and if_false must differ, got {if_true!r} twice"
-        )
+            f"if_true and if_false must differ, got {if_true!r} twice")
     words = if_true if bool(condition) else if_false
-    return show(
-        key, words, "{}", kind="measured", values=[if_true, if_false]
-    )
+    return show(key, words, "{}", kind="measured",
+                values=[if_true, if_false])
 
 
-def record(
-    values: dict | None = None,
-    /,
-    *,
-    kind: str | None = None,
-    tol: float | None = None,
-    **named,
-) -> dict:
+def record(values: dict | None = None, /, *, kind: str | None = None,
+           tol: float | None = None, **named) -> dict:
     """Glue several values at once: `record(a=1, b=2.5)` or
     `record({f"share_{n}": s, ...})`.
 
@@ -310,18 +252,12 @@ def record(
     values = {**(values or {}), **named}
     if not values:
         raise ValueError(
-            "values must name at least one value to record, got none"
-        )
+            "values must name at least one value to record, got none")
     done = {}
+    formats = {float: "{:,.6g}", str: "{}"}
     for key, value in values.items():
         value = plain(value)
-        fmt = (
-            "{:,.6g}"
-            if isinstance(value, float)
-            else "{}"
-            if isinstance(value, str)
-            else "{:,}"
-        )
+        fmt = formats.get(type(value), "{:,}")
         done[key] = show(key, value, fmt, kind, tol)
     return done
 
@@ -329,18 +265,13 @@ def record(
 def table_key(name: str, row, column) -> str:
     """The glue key of one cell of a shown table: name.row.column, spaces
     made underscores."""
-    return ".".join(
-        str(part).replace(" ", "_") for part in (name, row, column)
-    )
+    return ".".join(str(part).replace(" ", "_")
+                    for part in (name, row, column))
 
 
-def show_table(
-    name: str,
-    table: pd.DataFrame,
-    kind: str | None = None,
-    tol: float | None = None,
-    formats: dict[str, str] | None = None,
-):
+def show_table(name: str, table: pd.DataFrame, kind: str | None = None,
+               tol: float | None = None,
+               formats: dict[str, str] | None = None):
     """Show a table to the reader and glue every numeric cell, so that the
     build checks it.
 
@@ -349,21 +280,15 @@ def show_table(
     separators by default).
     """
     formats = formats or {}
-    for (
-        column
-    ) in table.columns:  # column by column: a row would mix the dtypes
+    # column by column: a row would mix the dtypes
+    for column in table.columns:
         for row, value in table[column].items():
-            if isinstance(value, (numbers.Number, bool)) or hasattr(
-                value, "item"
-            ):
+            number = isinstance(value, (numbers.Number, bool))
+            if (number or hasattr(value, "item")) and _in_notebook():
                 value = plain(value)
-                cell_kind = kind or (
-                    "close" if isinstance(value, float) else "exact"
-                )
-                if _in_notebook():
-                    _glue(
-                        table_key(name, row, column), value, cell_kind, tol
-                    )
+                cell_kind = kind or ("close" if isinstance(value, float)
+                                     else "exact")
+                _glue(table_key(name, row, column), value, cell_kind, tol)
     shown = table.copy()
     for column in shown.columns:
         fmt = formats.get(column)
@@ -398,21 +323,16 @@ def largest_cache_bytes() -> int | None:
     import re
     import subprocess
 
-    sizes = []
-    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob(
-        "index*/size"
-    ):
+    sizes, unit = [], {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+    caches = Path("/sys/devices/system/cpu/cpu0/cache")
+    for entry in caches.glob("index*/size"):
         found = re.fullmatch(r"(\d+)([KMG]?)", entry.read_text().strip())
         if found:
-            sizes.append(
-                int(found[1])
-                * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[found[2]]
-            )
+            sizes.append(int(found[1]) * unit[found[2]])
     if not sizes and sys.platform == "darwin":
         for name in ("hw.l3cachesize", "hw.l2cachesize"):
-            done = subprocess.run(
-                ["sysctl", "-n", name], capture_output=True, text=True
-            )
+            done = subprocess.run(["sysctl", "-n", name],
+                                  capture_output=True, text=True)
             if done.returncode == 0 and done.stdout.strip().isdigit():
                 sizes.append(int(done.stdout.strip()))
     return max(sizes) if sizes else None
@@ -426,9 +346,8 @@ def cpu_name() -> str:
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith(
-                ("model name", "hardware", "cpu model")
-            ):
+            names = ("model name", "hardware", "cpu model")
+            if line.lower().startswith(names):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown"
 
@@ -449,23 +368,18 @@ def machine() -> dict:
     import re
 
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    facts = {
-        "cpu": cpu_name(),
-        "cores": os.cpu_count() or 1,
-        "threads": THREADS_AT_IMPORT,
-        "largest_cache_bytes": largest_cache_bytes(),
-        "blas": blas[1] if blas else "unknown",
-        "kernels": torch.backends.cpu.get_cpu_capability(),
-    }
+    facts = {"cpu": cpu_name(), "cores": os.cpu_count() or 1,
+             "threads": THREADS_AT_IMPORT,
+             "largest_cache_bytes": largest_cache_bytes(),
+             "blas": blas[1] if blas else "unknown",
+             "kernels": torch.backends.cpu.get_cpu_capability()}
     override = os.environ.get(MACHINE_ENV)
     if override:
         replaced = json.loads(override)
         unknown = sorted(set(replaced) - set(facts))
         if unknown:
-            raise ValueError(
-                f"{MACHINE_ENV} names unknown facts {unknown}; "
-                f"known: {sorted(facts)}"
-            )
+            raise ValueError(f"{MACHINE_ENV} names unknown facts "
+                             f"{unknown}; known: {sorted(facts)}")
         facts.update(replaced)
     return facts
 
@@ -475,12 +389,10 @@ def machine_text(facts: dict | None = None) -> str:
     facts = facts or machine()
     cache = facts["largest_cache_bytes"]
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
-    return (
-        f"{facts['cpu']}, {facts['cores']} cores, "
-        f"{facts['threads']} threads by torch's default, "
-        f"largest cache {cache}, "
-        f"BLAS {facts['blas']}, kernels {facts['kernels']}"
-    )
+    return (f"{facts['cpu']}, {facts['cores']} cores, "
+            f"{facts['threads']} threads by torch's default, "
+            f"largest cache {cache}, "
+            f"BLAS {facts['blas']}, kernels {facts['kernels']}")
 
 
 def setup(seed: int = 0, threads: int = 1) -> str:
@@ -501,10 +413,9 @@ def setup(seed: int = 0, threads: int = 1) -> str:
     # imported modules never become garbage: leave them out of it
     gc.freeze()
     used = f"{threads} thread" + ("s" if threads > 1 else "")
-    return (
-        f"torch {torch.__version__}, seed {seed}; this page computes on "
-        f"{used} (torch.set_num_threads)\nmachine: {machine_text()}"
-    )
+    return (f"torch {torch.__version__}, seed {seed}; this page computes "
+            f"on {used} (torch.set_num_threads)\n"
+            f"machine: {machine_text()}")
 
 
 def use_book_style() -> None:
@@ -512,21 +423,12 @@ def use_book_style() -> None:
     light and dark mode."""
     import matplotlib as mpl
 
-    mpl.rcParams.update(
-        {
-            "figure.facecolor": "white",
-            "axes.facecolor": "white",
-            "savefig.facecolor": "white",
-            "figure.figsize": (6.4, 3.8),
-            "figure.dpi": 110,
-            "axes.grid": True,
-            "grid.alpha": 0.3,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-            "font.size": 10,
-            "legend.frameon": False,
-        }
-    )
+    mpl.rcParams.update({
+        "figure.facecolor": "white", "axes.facecolor": "white",
+        "savefig.facecolor": "white", "figure.figsize": (6.4, 3.8),
+        "figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3,
+        "axes.spines.top": False, "axes.spines.right": False,
+        "font.size": 10, "legend.frameon": False})
 
 
 #: Tables that `python scripts/tx_part4.py` prints: (title, function that
@@ -541,7 +443,6 @@ def cli_table(title: str):
     def register(make: Callable[[], pd.DataFrame]):
         TABLES.append((title, make))
         return make
-
     return register
 
 
