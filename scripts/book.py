@@ -67,6 +67,8 @@ DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}        # relative tolerance when n
 TIMEOUT = 300                                        # seconds a cell may run before the build fails
 BUDGET_NOTEBOOK = 20.0                               # seconds one notebook should take (warned, not failed)
 BUDGET_BUILD = 40.0                                  # seconds a fresh `make book` should take
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"   # Jupyter's: figures in the outputs
+RENDER_SIGNALS = "WHY_SELF_ATTENTION_RENDER_SIGNALS"  # scripts/executed_pages.py waits on them
 
 #: The first cell of every notebook, hidden in the book. The repository is named in _config.yml.
 COLAB_CELL = """\
@@ -464,16 +466,19 @@ def run_alone(path: str | Path, env: dict[str, str] | None = None):
         return notebook, time.perf_counter() - start, None
 
 
-def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
-    """Execute one notebook in a temporary folder; return (path, seconds, error, notebook)."""
+def _execute_one(path: str, warm: str | None = None) -> tuple[str, float, str | None, dict | None]:
+    """Execute one notebook in a temporary folder; return (path, seconds, error, notebook).
+    `warm`: the socket of a warm server (scripts/warm_kernels.py) that forks the kernel."""
     from jupyter_cache.executors.utils import single_nb_execution
     from jupyter_cache.readers import get_reader
 
     notebook = get_reader(READER)(path)
     # The kernel inherits this environment: with MPLBACKEND=Agg (common in CI) plt.show() draws
     # nothing and the pages lose their figures. Jupyter's inline backend puts them in the output.
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
     with tempfile.TemporaryDirectory() as cwd:
+        if warm:
+            return (path, *_execute_warm(notebook, cwd, warm))
         # "immediate": once the last cell's outputs are in, stop the kernel at once. A graceful
         # stop lets a kernel that has imported torch tear itself down first: 2 s per notebook.
         result = single_nb_execution(notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False,
@@ -481,6 +486,28 @@ def _execute_one(path: str) -> tuple[str, float, str | None, dict | None]:
     if result.err is not None:
         return path, result.time, result.exc_string or repr(result.err), None
     return path, result.time, None, notebook
+
+
+def _execute_warm(notebook, cwd: str, warm: str) -> tuple[float, str | None, dict | None]:
+    """What jupyter-cache's single_nb_execution does, with a kernel forked by the warm server:
+    (seconds, error, executed notebook). The kernel and its client are stopped at the end, at
+    once ("immediate"), as nbclient stops a kernel it started itself."""
+    import traceback
+
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    import warm_kernels
+
+    client = NotebookClient(notebook, km=warm_kernels.kernel_manager(warm, kernel_config()),
+                            timeout=TIMEOUT, allow_errors=False, shutdown_kernel="immediate",
+                            resources={"metadata": {"path": cwd}})
+    start = time.perf_counter()
+    try:
+        client.execute(cleanup_kc=True)
+    except (CellExecutionError, CellTimeoutError):
+        return time.perf_counter() - start, traceback.format_exc(), None
+    return time.perf_counter() - start, None, notebook
 
 
 def failing_cell(notebook_path: Path, traceback: str) -> str:
@@ -569,10 +596,32 @@ def fresh_requested(fresh: bool = False) -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def warm_wanted() -> bool:
+    """Kernels forked from a warm server (scripts/warm_kernels.py), unless
+    WHY_SELF_ATTENTION_WARM=0, or where there is no fork (Windows) or a fork is unsafe once
+    libraries are loaded (macOS)."""
+    if os.environ.get("WHY_SELF_ATTENTION_WARM", "1").lower() in ("0", "false", "no"):
+        return False
+    return sys.platform.startswith("linux")
+
+
+def start_warm():
+    """Start the warm server now (it imports for seconds, on a core the build leaves free), or
+    None when warm kernels are off. Its environment is the kernels' own."""
+    if not warm_wanted():
+        return None
+    import warm_kernels
+
+    return warm_kernels.Server({**os.environ, "MPLBACKEND": INLINE_BACKEND})
+
+
 def execute(only: list[str] | None = None, glued: dict | None = None,
-            fresh: bool = False) -> dict[str, float]:
+            fresh: bool = False, warm=None, render=None) -> dict[str, float]:
     """Execute the notebooks whose inputs changed (all of them when `fresh`), two at a time,
-    longest first, into the jupyter-cache that the site renders from.
+    longest first, into the jupyter-cache that the site renders from. With two notebooks or more
+    to run, their kernels are forked from a warm server (`warm`, if the build started one).
+    `render(order)`, if given, is called once the cache is ready, with the order in which the
+    notebooks should finish; what it returns is told of each notebook executed (`.executed`).
 
     Returns the seconds of each notebook executed; fills `glued`, if given, with each page's
     glued values (from the cache for the notebooks that did not run)."""
@@ -597,27 +646,48 @@ def execute(only: list[str] | None = None, glued: dict | None = None,
     workers = max(1, min(len(todo), os.cpu_count() or 1))
     times, errors = {}, []
     start = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-        for path, seconds, error, notebook in pool.map(_execute_one, map(str, todo)):
-            stem = Path(path).stem
-            times[stem] = round(seconds, 2)
-            if error is not None:
-                errors.append(f"notebooks/{stem}.md, {failing_cell(Path(path), error)}:\n"
-                              f"{short_traceback(error)}")
-                print(f"  FAILED {stem:28s} {seconds:6.1f} s")
-                continue
-            found = glued_in_notebook(notebook)
-            cache.cache_notebook_bundle(
-                CacheBundleIn(notebook, path, data={
-                    "execution_seconds": seconds, "inputs": digest,
-                    "glued": {key: asdict(value) for key, value in found.items()}}),
-                check_validity=False, overwrite=True)
-            touch_stamp(stem)
-            if glued is not None:
-                glued[stem] = found
-            print(f"  {stem:35s} {seconds:6.1f} s")
+    if render is not None:
+        expected = {p.stem: previous.get(p.stem, p.stat().st_size / 2000) for p in todo}
+        render = render(finish_order([p.stem for p in todo], expected, workers))
+    if warm is None and len(todo) >= 2:
+        warm = start_warm()
+    socket_path, kernels = None, "cold kernels"
+    if warm is not None:
+        if warm.ready():
+            socket_path = warm.path
+            kernels = f"kernels forked after {time.perf_counter() - warm.started:.1f} s of imports"
+        else:
+            kernels = f"cold kernels: warm server unavailable, {warm.reason}"
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+            runs = [pool.submit(_execute_one, str(path), socket_path) for path in todo]
+            for run in concurrent.futures.as_completed(runs):    # as each notebook ends
+                path, seconds, error, notebook = run.result()
+                stem = Path(path).stem
+                times[stem] = round(seconds, 2)
+                if error is not None:
+                    errors.append(f"notebooks/{stem}.md, {failing_cell(Path(path), error)}:\n"
+                                  f"{short_traceback(error)}")
+                    print(f"  FAILED {stem:28s} {seconds:6.1f} s")
+                    continue
+                found = glued_in_notebook(notebook)
+                cache.cache_notebook_bundle(
+                    CacheBundleIn(notebook, path, data={
+                        "execution_seconds": seconds, "inputs": digest,
+                        "glued": {key: asdict(value) for key, value in found.items()}}),
+                    check_validity=False, overwrite=True)
+                touch_stamp(stem)
+                if render is not None:
+                    render.executed(stem)
+                if glued is not None:
+                    glued[stem] = found
+                print(f"  {stem:35s} {seconds:6.1f} s")
+    finally:
+        if warm is not None:
+            warm.close()
     print(f"executed {len(todo)} of {len(paths)} notebooks in {time.perf_counter() - start:.1f} s "
-          f"({workers} at a time); "
+          f"({workers} at a time, {kernels}); "
           + (f"{len(paths) - len(todo)} unchanged, from the cache" if len(todo) < len(paths)
              else "none from the cache"))
     BUILD.mkdir(exist_ok=True)
@@ -1167,32 +1237,124 @@ def write_step_summary(problems: list[Problem], total: int, environ=None) -> Non
 # ── the site ──────────────────────────────────────────────────────────────────────────────
 
 
+def html_command(fresh: bool = False) -> list[str]:
+    """The jupyter-book command that renders the site (`fresh`: every page, an empty folder)."""
+    # jupyter-book's command line, run by scripts/render.py: the same command, without the
+    # 0.9 s that Python spends freeing the render's memory before the process ends
+    command = [sys.executable, str(ROOT / "scripts" / "render.py"), "build", str(ROOT),
+               "--builder", "html", "-W", "-n", "--keep-going"]
+    command += site_config_option()      # in a workflow: the buttons name its repository
+    if fresh_requested(fresh):
+        command.append("--all")
+        shutil.rmtree(BUILD / "html", ignore_errors=True)   # no page left from an older build
+    print("$ jupyter-book", " ".join(command[2:]))
+    return command
+
+
+def html_result(returncode: int, stdout: str, stderr: str) -> None:
+    """Fail on a render that failed, naming its warnings; else say how many pages were read."""
+    warnings = [line for line in (stdout + stderr).splitlines()
+                if re.search(r"(WARNING|ERROR|CRITICAL)", line)]
+    if returncode != 0:
+        # Sphinx warns about a page only while it reads or writes it: forget every reading,
+        # so that the next build reads every page again and cannot pass on a warned page.
+        (BUILD / ".doctrees" / "environment.pickle").unlink(missing_ok=True)
+        tail = "\n".join((stdout + stderr).splitlines()[-40:])
+        fail("the HTML build failed" + (":\n  " + "\n  ".join(warnings) if warnings else "") +
+             f"\n--- last lines of jupyter-book ---\n{tail}")
+    read = re.search(r"(\d+) added, (\d+) changed", stdout)
+    pages = f"{int(read[1]) + int(read[2])} page(s) read again" if read else "pages read"
+    print(f"site: {rel(BUILD / 'html' / 'index.html')} ({pages})")
+
+
 def html(fresh: bool = False) -> None:
     """Render the site from the executed cache: warnings and broken references are errors.
 
     Sphinx re-reads only the pages that changed: an edited .md, a notebook executed again (its
     stamp, scripts/executed_pages.py), a generated page whose text changed. `fresh` renders
     every page into an empty folder."""
-    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
-               "--builder", "html", "-W", "-n", "--keep-going"]
-    command += site_config_option()      # in a workflow: the buttons name its repository
-    if fresh_requested(fresh):
-        command.append("--all")
-        shutil.rmtree(BUILD / "html", ignore_errors=True)   # no page left from an older build
-    print("$ jupyter-book", " ".join(command[1:]))
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    warnings = [line for line in (done.stdout + done.stderr).splitlines()
-                if re.search(r"(WARNING|ERROR|CRITICAL)", line)]
-    if done.returncode != 0:
-        # Sphinx warns about a page only while it reads or writes it: forget every reading,
-        # so that the next build reads every page again and cannot pass on a warned page.
-        (BUILD / ".doctrees" / "environment.pickle").unlink(missing_ok=True)
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-        fail("the HTML build failed" + (":\n  " + "\n  ".join(warnings) if warnings else "") +
-             f"\n--- last lines of jupyter-book ---\n{tail}")
-    read = re.search(r"(\d+) added, (\d+) changed", done.stdout)
-    pages = f"{int(read[1]) + int(read[2])} page(s) read again" if read else "pages read"
-    print(f"site: {rel(BUILD / 'html' / 'index.html')} ({pages})")
+    done = subprocess.run(html_command(fresh), cwd=ROOT, capture_output=True, text=True)
+    html_result(done.returncode, done.stdout, done.stderr)
+
+
+class RenderAlongside:
+    """The render as `make book` runs it: Sphinx starts with the build and does what it can
+    while the rest of the build runs. It waits where it must through scripts/executed_pages.py,
+    which watches a folder of signals.
+
+    - Sphinx starts early: its imports and the last build's environment load while the pairs
+      are checked (in a fresh build, while the kernels' libraries are imported). It then waits
+      for `go`: the pages it will find are written.
+    - A fresh build says `go` before the notebooks run. Sphinx reads the pages that need no
+      outputs, then each notebook's page as soon as its outputs are in the cache (a file named
+      after the notebook), in the order the notebooks should finish (`order`), and last the
+      pages written from the outputs (`last`: the ledger), once they are written (`all`). The
+      last notebook runs alone on one core; Sphinx reads on the other.
+    - Any other build says `go` once the notebooks that changed have run and the ledger is
+      written. Sphinx then finds the pages that changed as it always does.
+    - `stop`: the build failed; the render stops too."""
+
+    def __init__(self, fresh: bool):
+        self.signals = Path(tempfile.mkdtemp(prefix="render-signals-"))
+        # the pages written from the outputs: read once they are written
+        (self.signals / "last").write_text(LEDGER.relative_to(ROOT).with_suffix("").as_posix()
+                                           + "\n", encoding="utf-8")
+        # Sphinx's stdout and stderr: files, not pipes (a full pipe would stop Sphinx while the
+        # build runs the notebooks); closed by finish() or stop()
+        self.output = [tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
+                       for _ in range(2)]
+        env = {**os.environ, RENDER_SIGNALS: str(self.signals)}
+        self.process = subprocess.Popen(html_command(fresh), cwd=ROOT, env=env,
+                                        stdout=self.output[0], stderr=self.output[1], text=True)
+
+    def go(self, order: list[str] | None = None) -> None:
+        """The pages Sphinx will find are written; `order`: the notebooks are about to run, and
+        should finish in this order (their pages wait for them)."""
+        if order is not None:
+            (self.signals / "order").write_text("\n".join(order) + "\n", encoding="utf-8")
+        (self.signals / "go").touch()
+
+    def executed(self, stem: str) -> None:
+        """A notebook's outputs are in the cache: Sphinx may read its page."""
+        (self.signals / stem).touch()
+
+    def finish(self) -> None:
+        """Every output and generated page is written: wait for the render, judge it."""
+        (self.signals / "go").touch()
+        (self.signals / "all").touch()
+        code = self.process.wait()
+        stdout, stderr = (self._read(out) for out in self.output)
+        shutil.rmtree(self.signals, ignore_errors=True)
+        html_result(code, stdout, stderr)
+
+    def stop(self) -> None:
+        """The build failed before the render could finish: end it."""
+        if self.process.poll() is None:
+            (self.signals / "stop").touch()
+            self.process.kill()
+            self.process.wait()
+        for out in self.output:
+            out.close()
+        shutil.rmtree(self.signals, ignore_errors=True)
+
+    @staticmethod
+    def _read(out) -> str:
+        out.seek(0)
+        text = out.read()
+        out.close()
+        return text
+
+
+def finish_order(stems: list[str], seconds: dict[str, float], workers: int) -> list[str]:
+    """The order in which notebooks started in this order on `workers` should finish, by the
+    expected `seconds` of each."""
+    free = [0.0] * max(1, workers)
+    ends = []
+    for stem in stems:
+        at = min(range(len(free)), key=free.__getitem__)
+        free[at] += seconds.get(stem, 1.0)
+        ends.append((free[at], stem))
+    return [stem for _, stem in sorted(ends)]
 
 
 def claims_near_threshold(glued: dict[str, dict[str, Glued]]) -> list[str]:
@@ -1204,7 +1366,8 @@ def claims_near_threshold(glued: dict[str, dict[str, Glued]]) -> list[str]:
             for margin, key, page in close]
 
 
-def budget_report(times: dict[str, float], total: float, fresh: bool = True) -> list[str]:
+def budget_report(times: dict[str, float], total: float, fresh: bool = True,
+                  phases: dict[str, float] | None = None) -> list[str]:
     """The build's closing lines: the seconds of each notebook executed and the total, against
     the budget (the whole build's budget is a fresh build's: an edit runs fewer notebooks).
     Over budget is a WARNING line naming the notebook, never a failure: machines vary."""
@@ -1213,6 +1376,9 @@ def budget_report(times: dict[str, float], total: float, fresh: bool = True) -> 
              f"a fresh build < {BUDGET_BUILD:g} s):"]
     lines += [f"  {stem:35s} {seconds:6.1f} s{over(seconds, BUDGET_NOTEBOOK)}"
               for stem, seconds in sorted(times.items())]
+    if phases:
+        lines.append("  where the build's time went: " + ", ".join(
+            f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
     whole = "whole build" if fresh else f"whole build ({len(times)} executed)"
     lines.append(f"  {whole:35s} {total:6.1f} s{over(total, BUDGET_BUILD) if fresh else ''}")
     lines += [f"WARNING: notebooks/{stem}.md took {seconds:.1f} s, over the budget of "
@@ -1228,16 +1394,44 @@ def build(fresh: bool = False) -> None:
     over every page, the claims near their threshold, the times."""
     start = time.perf_counter()
     fresh = fresh_requested(fresh)
-    check_sync()
-    glued: dict[str, dict[str, Glued]] = {}
-    times = execute(glued=glued, fresh=fresh)    # every page's glue: the ledger and the check
-    write_ledger(glued)
-    write_exercises()
-    html(fresh)
+    # A fresh build imports the kernels' libraries while the pairs are checked, and Sphinx
+    # starts after the check: the import is what the notebooks wait for, so it has a core to
+    # itself. Any other build starts Sphinx at once (its imports are what the build waits for).
+    warm = start_warm() if fresh else None
+    render = None if fresh else RenderAlongside(fresh)
+    try:
+        check_sync()
+        render = render or RenderAlongside(fresh)
+        phases = {"pairs": time.perf_counter() - start}
+        glued: dict[str, dict[str, Glued]] = {}
+
+        def notebooks_start(order: list[str]) -> RenderAlongside:
+            write_exercises()
+            if not LEDGER.exists():       # a fresh clone: Sphinx must find the page it lists
+                LEDGER.write_text("# Ledger\n\nWritten once the notebooks have run.\n",
+                                  encoding="utf-8")
+            render.go(order)
+            return render
+
+        # every page's glue: the ledger and the check
+        times = execute(glued=glued, fresh=fresh, warm=warm,
+                        render=notebooks_start if fresh else None)
+        phases["execution"] = time.perf_counter() - start - sum(phases.values())
+        write_ledger(glued)
+        write_exercises()
+        render.finish()
+    except BaseException:
+        if render is not None:
+            render.stop()
+        if warm is not None:
+            warm.close()
+        raise
+    phases["site"] = time.perf_counter() - start - sum(phases.values())
     check_numbers(glued=glued)
+    phases["number check"] = time.perf_counter() - start - sum(phases.values())
     for line in claims_near_threshold(glued):
         print(line)
-    print("\n".join(budget_report(times, time.perf_counter() - start, fresh)))
+    print("\n".join(budget_report(times, time.perf_counter() - start, fresh, phases)))
     print(f"make book: {time.perf_counter() - start:.1f} s in all")
 
 

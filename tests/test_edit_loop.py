@@ -170,16 +170,58 @@ def test_the_makefile_passes_fresh():
 
 def test_build_passes_fresh_to_execution_and_rendering(monkeypatch, capsys):
     seen = {}
+
+    class Render:                     # book.RenderAlongside, recorded
+        def __init__(self, fresh):
+            seen["render"] = fresh
+
+        def go(self, order=None):
+            seen["go"] = order
+
+        def finish(self):
+            seen["finished"] = True
+
+        def stop(self):
+            seen["stopped"] = True
+
     for step in ("check_sync", "write_ledger", "write_exercises", "check_numbers"):
         monkeypatch.setattr(book, step, lambda *args, **kwargs: None)
     monkeypatch.setattr(book, "execute", lambda **kwargs: seen.update(execute=kwargs) or {})
-    monkeypatch.setattr(book, "html", lambda fresh=False: seen.update(html=fresh))
+    monkeypatch.setattr(book, "RenderAlongside", Render)
+    monkeypatch.setattr(book, "start_warm", lambda: "warm server")
     monkeypatch.setenv("CI", "true")
     book.build()
-    assert seen["execute"]["fresh"] is True and seen["html"] is True
+    assert seen["execute"]["fresh"] is True and seen["render"] is True and seen["finished"]
+    assert seen["execute"]["warm"] == "warm server"
+    # a fresh build's Sphinx is told to go once the notebooks are about to run
+    assert seen["execute"]["render"](["01_a"]) is not None and seen["go"] == ["01_a"]
+    seen.clear()
     monkeypatch.setenv("CI", "")
     book.build()
-    assert seen["execute"]["fresh"] is False and seen["html"] is False
+    assert seen["execute"]["fresh"] is False and seen["render"] is False and seen["finished"]
+    assert seen["execute"]["render"] is None and seen["execute"]["warm"] is None
+
+
+def test_a_failed_build_stops_its_render(monkeypatch):
+    seen = {}
+
+    class Render:
+        def __init__(self, fresh):
+            pass
+
+        def stop(self):
+            seen["stopped"] = True
+
+    def failing(**kwargs):
+        raise book.BuildError("a notebook failed to execute")
+
+    monkeypatch.setattr(book, "check_sync", lambda: None)
+    monkeypatch.setattr(book, "execute", failing)
+    monkeypatch.setattr(book, "RenderAlongside", Render)
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(book.BuildError):
+        book.build()
+    assert seen == {"stopped": True}
 
 
 # ── generated pages: written only when their text changes ─────────────────────────────────
