@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import contextlib
 import difflib
 import hashlib
 import html as html_module
@@ -69,6 +70,7 @@ BUDGET_NOTEBOOK = 20.0                               # seconds one notebook shou
 BUDGET_BUILD = 40.0                                  # seconds a fresh `make book` should take
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"   # Jupyter's: figures in the outputs
 RENDER_SIGNALS = "WHY_SELF_ATTENTION_RENDER_SIGNALS"  # scripts/executed_pages.py waits on them
+RENDER_NICENESS = 10                                 # Sphinx's priority beside the kernels (nice)
 
 #: The first cell of every notebook, hidden in the book. The repository is named in _config.yml.
 COLAB_CELL = """\
@@ -499,9 +501,11 @@ def _execute_warm(notebook, cwd: str, warm: str) -> tuple[float, str | None, dic
 
     import warm_kernels
 
+    # record_timing=False: as single_nb_execution. Timings in the cells' metadata would change
+    # jupyter-cache's key, and Sphinx, not finding the outputs, would run the notebook again.
     client = NotebookClient(notebook, km=warm_kernels.kernel_manager(warm, kernel_config()),
                             timeout=TIMEOUT, allow_errors=False, shutdown_kernel="immediate",
-                            resources={"metadata": {"path": cwd}})
+                            record_timing=False, resources={"metadata": {"path": cwd}})
     start = time.perf_counter()
     try:
         client.execute(cleanup_kc=True)
@@ -1252,9 +1256,17 @@ def html_command(fresh: bool = False) -> list[str]:
 
 
 def html_result(returncode: int, stdout: str, stderr: str) -> None:
-    """Fail on a render that failed, naming its warnings; else say how many pages were read."""
+    """Fail on a render that failed, naming its warnings, or that executed a notebook itself
+    (myst-nb runs a notebook whose outputs it does not find in the cache: slowly, with another
+    kernel, and unchecked); else say how many pages were read."""
     warnings = [line for line in (stdout + stderr).splitlines()
                 if re.search(r"(WARNING|ERROR|CRITICAL)", line)]
+    executed = sorted({rel(Path(name)) for name in re.findall(
+        r"([\w/.-]+\.md)\S*: Executing notebook", stdout + stderr)})
+    if returncode == 0 and (executed or "Executing notebook" in stdout + stderr):
+        fail("the HTML build executed notebooks itself, not finding their outputs in the cache: "
+             + (", ".join(executed) or "see the log") + "\n(the build's execution and "
+             "jupyter-cache's key disagree: a cell's metadata, its source, or the kernelspec)")
     if returncode != 0:
         # Sphinx warns about a page only while it reads or writes it: forget every reading,
         # so that the next build reads every page again and cannot pass on a warned page.
@@ -1306,6 +1318,11 @@ class RenderAlongside:
         env = {**os.environ, RENDER_SIGNALS: str(self.signals)}
         self.process = subprocess.Popen(html_command(fresh), cwd=ROOT, env=env,
                                         stdout=self.output[0], stderr=self.output[1], text=True)
+        # Sphinx yields to the kernels: the pages time code, and a page read in the middle of
+        # a measurement would take part of its core. It reads when a core is free (between
+        # notebooks, beside the last one), and runs alone, at full speed, once they are done.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, self.process.pid, RENDER_NICENESS)
 
     def go(self, order: list[str] | None = None) -> None:
         """The pages Sphinx will find are written; `order`: the notebooks are about to run, and

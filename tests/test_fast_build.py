@@ -62,6 +62,21 @@ def test_a_forked_kernel_runs_a_notebook_and_draws_its_figures(server, tmp_path)
     assert text_of(executed).strip() == "42"
     figures = [out for out in outputs(executed) if "image/png" in out.get("data", {})]
     assert len(figures) == 2                       # drawn at the cell's end, and by plt.show()
+    # jupyter-cache's key is the source's: Sphinx finds these outputs (timings in the cells'
+    # metadata would change the key, and Sphinx would run the notebook again, itself)
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(tmp_path / "cache"))
+    assert cache.create_hashed_notebook(executed)[1] == \
+        cache.create_hashed_notebook(book.read_for_cache(md))[1]
+
+
+def test_a_render_that_executed_a_notebook_fails():
+    """Sphinx runs a notebook whose outputs it does not find in the cache: the build says so."""
+    log = f"{book.ROOT}/notebooks/07_x.md: Executing notebook using temporary CWD [mystnb]\n"
+    with pytest.raises(book.BuildError, match="executed notebooks itself.*notebooks/07_x.md"):
+        book.html_result(0, log, "")
+    book.html_result(0, "build succeeded.\n", "")
 
 
 def test_a_forked_kernel_has_the_kernels_environment_and_folder(server, tmp_path, monkeypatch):
