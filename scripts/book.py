@@ -1419,11 +1419,11 @@ def build(fresh: bool = False) -> None:
     try:
         check_sync()
         render = render or RenderAlongside(fresh)
+        write_exercises()                      # from the .md files alone: before Sphinx reads
         phases = {"pairs": time.perf_counter() - start}
         glued: dict[str, dict[str, Glued]] = {}
 
         def notebooks_start(order: list[str]) -> RenderAlongside:
-            write_exercises()
             if not LEDGER.exists():       # a fresh clone: Sphinx must find the page it lists
                 LEDGER.write_text("# Ledger\n\nWritten once the notebooks have run.\n",
                                   encoding="utf-8")
@@ -1435,7 +1435,6 @@ def build(fresh: bool = False) -> None:
                         render=notebooks_start if fresh else None)
         phases["execution"] = time.perf_counter() - start - sum(phases.values())
         write_ledger(glued)
-        write_exercises()
         render.finish()
     except BaseException:
         if render is not None:
