@@ -5,11 +5,13 @@
 
 1. A new virtual environment (the old one is removed).
 2. torch: the newest CPU build, from PyTorch's CPU index ($TORCH_INDEX_URL to use another).
-3. Every package that requirements.txt names, without its version (pip picks the newest it
-   allows), then requirements-nodeps.txt's the same way without dependencies, then the book's
-   helpers (editable), as `make env` installs them.
+3. Every package that requirements.txt names, without its pin but within the range that
+   pyproject.toml declares for it (its dependencies and its `book` extra: the major versions the
+   book is written for, Jupyter Book 1 among them), then requirements-nodeps.txt's the same way
+   without dependencies, then the book's helpers (editable), as `make env` installs them.
 4. The versions it installed, beside the pins, printed and, in a GitHub Actions job, appended to
-   the job summary (GITHUB_STEP_SUMMARY): a changed release is in bold.
+   the job summary (GITHUB_STEP_SUMMARY): a changed release is in bold. A newer major release
+   outside a declared range is named there, not installed; it does not fail the build.
 5. The stamp that `make env` keeps (.venv/.pins), written last: it is newer than the pins, so
    `make book` and `make test` use this environment as it is. It lists the installed versions,
    not the pins, so a later change of requirements*.txt makes `make env` rebuild from the pins.
@@ -28,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,15 +67,61 @@ def unpinned(path: Path) -> list[str]:
     return names
 
 
-def commands(python: str) -> list[list[str]]:
+def declared_ranges(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
+    """{name: version range} that pyproject.toml declares, in its dependencies and its extras,
+    for instance {"jupyter-book": ">=1,<2"}; a package it names without a range is left out."""
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    lines = project["dependencies"] + sum(project.get("optional-dependencies", {}).values(), [])
+    ranges = {}
+    for line in lines:
+        match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*([<>=!~][^;]*?)?\s*", line)
+        if match and match.group(2):
+            ranges[canonical(match.group(1))] = match.group(2).replace(" ", "")
+    return ranges
+
+
+def within(name: str, ranges: dict[str, str]) -> str:
+    """A requirement for the newest release of `name` within its declared range."""
+    return name + ranges.get(canonical(name), "")
+
+
+def commands(python: str, ranges: dict[str, str] | None = None) -> list[list[str]]:
     """The pip commands that fill the environment, in order."""
+    ranges = declared_ranges() if ranges is None else ranges
     pip = [python, "-m", "pip", "install", "--quiet"]
     return [pip + ["--upgrade", "pip"],
-            pip + ["torch", "--index-url", TORCH_INDEX],
+            pip + [within("torch", ranges), "--index-url", TORCH_INDEX],
             # torch: from the CPU index above, only
-            pip + [name for name in unpinned(REQUIREMENTS) if canonical(name) != "torch"],
-            pip + ["--no-deps"] + unpinned(NODEPS),
+            pip + [within(name, ranges) for name in unpinned(REQUIREMENTS) if canonical(name) != "torch"],
+            pip + ["--no-deps"] + [within(name, ranges) for name in unpinned(NODEPS)],
             pip + ["--no-deps", "-e", str(ROOT)]]
+
+
+def upper_major(spec: str) -> int | None:
+    """The first major version a range leaves out (`<2` → 2), or None."""
+    match = re.search(r"<\s*(\d+)(?:\.0)*(?:,|$)", spec)
+    return int(match.group(1)) if match else None
+
+
+def newest_release(python: str, name: str) -> str | None:
+    """The newest release of a package on the package index (pip's own `index versions`)."""
+    index = ["--index-url", TORCH_INDEX] if canonical(name) == "torch" else []
+    listed = subprocess.run([python, "-m", "pip", "index", "versions", name, *index],
+                            capture_output=True, text=True).stdout
+    match = re.match(r"\S+ \(([^)]+)\)", listed)
+    return match.group(1) if match else None
+
+
+def outside_ranges(ranges: dict[str, str], newest) -> list[str]:
+    """`name version (declared range)` for each package whose newest release is a major version
+    that its declared range leaves out. `newest(name)` gives that release, or None if unknown."""
+    found = []
+    for name, spec in sorted(ranges.items()):
+        limit = upper_major(spec)
+        release = newest(name) if limit is not None else None
+        if release and int(re.match(r"\d+", release).group()) >= limit:
+            found.append(f"{name} {release} (declared {spec})")
+    return found
 
 
 def installed(python: str) -> dict[str, str]:
@@ -103,13 +152,16 @@ def changed(pinned: dict[str, str], ran: dict[str, str]) -> list[str]:
             for name, pin in sorted(pinned.items()) if not same_release(pin, ran.get(name))]
 
 
-def report(pinned: dict[str, str], ran: dict[str, str], summary: str | None) -> str:
+def report(pinned: dict[str, str], ran: dict[str, str], summary: str | None,
+           outside: list[str] = ()) -> str:
     """The versions as text; appended to the job summary where one is given."""
     differ = changed(pinned, ran)
-    text = ("### The newest releases, not the pins\n\n"
+    text = ("### The newest releases within the declared ranges, not the pins\n\n"
             f"torch from {TORCH_INDEX}. {len(differ)} of {len(pinned)} pinned packages ran "
             f"another release{': ' + ', '.join(differ) if differ else ''}.\n\n"
-            f"{versions_table(pinned, ran)}\n\n")
+            + (f"Newer major releases, outside the ranges pyproject.toml declares (not installed; "
+               f"the book is not yet written for them): {', '.join(outside)}.\n\n" if outside else "")
+            + f"{versions_table(pinned, ran)}\n\n")
     if summary:
         with open(summary, "a", encoding="utf-8") as out:
             out.write(text)
@@ -145,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nmake newest FAILED: {' '.join(command[2:])}", file=sys.stderr)
             return 1
     ran = installed(python)
-    print(report({**pins(REQUIREMENTS), **pins(NODEPS)}, ran, os.environ.get("GITHUB_STEP_SUMMARY")))
+    outside = outside_ranges(declared_ranges(), lambda name: newest_release(python, name))
+    print(report({**pins(REQUIREMENTS), **pins(NODEPS)}, ran, os.environ.get("GITHUB_STEP_SUMMARY"),
+                 outside))
     write_stamp(stamp, ran)
     return 0
 

@@ -4089,6 +4089,15 @@ def costs_text(costs: dict[str, dict],
 
     return costs_table(costs, accelerator).map(cell).T.to_string()
 
+
+def every_head_its_own(config: dict) -> dict:
+    """The config with a key and a value for every query head, read again
+    through transformers' class."""
+    heads = config["num_attention_heads"]
+    # both fields: a saved config may carry the count multi_query implied
+    return read_config({**config, "multi_query": False,
+                        "num_key_value_heads": heads})
+
 # ── end of the cells saved from notebooks/08_your_model.md ──
 
 

@@ -39,24 +39,6 @@ def test_the_build_does_not_fail_on_time(monkeypatch, capsys):
     assert "WARNING: notebooks/03_late.md took" in out and "make book:" in out
 
 
-def test_the_pinned_environment_leaves_out_the_slow_imports():
-    """Two packages that nothing in the book uses cost seconds in every build when installed.
-
-    rfc3987-syntax (jsonschema imports it when present: 2.5 s in every process that reads a
-    notebook) and SciPy (transformers imports it with every model: 1 s a page). requirements.txt
-    pins jsonschema below 4.25 and requirements-nodeps.txt installs the model package alone.
-    """
-    from contextlib import suppress
-    from importlib.metadata import PackageNotFoundError, version
-
-    installed = []
-    for name in ("rfc3987-syntax", "scipy"):
-        with suppress(PackageNotFoundError):
-            installed.append(f"{name} {version(name)}")
-    assert not installed, (f"{', '.join(installed)} installed: it slows every build; see the "
-                           f"comments in requirements.txt and requirements-nodeps.txt")
-
-
 def test_an_incremental_build_is_not_held_to_the_fresh_budget():
     """An edit runs few notebooks: the report says how many, and warns only per notebook."""
     lines = book.budget_report({"01_a": 3.0}, book.BUDGET_BUILD + 5, fresh=False)

@@ -63,15 +63,24 @@ def test_mamba_layer_bytes_from_either_shape_of_state(shape):
     assert tx.cache_layer_bytes(cache) == [("mamba", 64 * (4 + 16) * 4), ("attention", 2 * 64 * 4)]
 
 
-def test_release_names_are_checked_as_versions_not_compared(monkeypatch):
-    """A page that names the transformers release it ran on differs on another release by design."""
+def test_release_names_are_checked_as_versions_off_the_pins(monkeypatch):
+    """A page that names the release it ran on differs on another release by design. Every check
+    (the build's, the tests' book.compare, compat's) treats it one way: the pin on the pins, a
+    version string under WHY_SELF_ATTENTION_RELEASES (newest, lowest, colab)."""
     import book
 
-    monkeypatch.setattr(book, "load_expected", lambda: {"p": {"transformers_version": {"kind": "exact",
-                                                                                      "value": "5.24.0"}}})
-    glued = {"p": {"transformers_version": book.Glued("5.15.0"), "other": book.Glued(3)}}
-    compat.accept_release_names(glued)
-    assert glued["p"]["transformers_version"].value == "5.24.0" and glued["p"]["other"].value == 3
-    glued = {"p": {"transformers_version": book.Glued("not a version")}}
-    with pytest.raises(compat.CompatError, match="not a version string"):
-        compat.accept_release_names(glued)
+    expected = {"p": {"hf_transformers_version": {"kind": "exact", "value": "5.24.0"},
+                      "torch_version": {"kind": "exact", "value": "2.13.0+cpu"},
+                      "other": {"kind": "exact", "value": 3}}}
+    glued = {"p": {"hf_transformers_version": book.Glued("5.25.0"),
+                   "torch_version": book.Glued("2.15.0+cpu"), "other": book.Glued(3)}}
+    monkeypatch.delenv(book.RELEASES, raising=False)
+    assert {p.key for p in book.compare(expected, glued)} == {"hf_transformers_version", "torch_version"}
+    for releases in ("newest", "lowest", "colab"):
+        monkeypatch.setenv(book.RELEASES, releases)
+        assert book.compare(expected, glued) == []
+    glued["p"]["torch_version"] = book.Glued("not a version")
+    (problem,) = book.compare(expected, glued)
+    assert problem.key == "torch_version" and "not a version string" in problem.reason
+    glued["p"]["other"] = book.Glued(4)                       # every other number: as always
+    assert len(book.compare(expected, glued)) == 2

@@ -440,9 +440,43 @@ def test_gpt2_names_read_as_the_standard_ones():
 def test_multi_query_keeps_one_head():
     config = tx.read_config(COVERED["falcon_multi_query"])
     assert tx.key_value_heads(config) == 1
-    assert tx.key_value_heads({**config, "multi_query": False}) == 8
+    assert tx.key_value_heads(tx.every_head_its_own(config)) == 8
     _, shapes = cache_of(config, 3)
     assert shapes[0][1][0][1] == 1                           # one key-value head in the real cache
+
+
+#: Three configs, each written two ways: as its own config.json has it, and with the fields
+#: that transformers derives from others written out, as a config saved by another release
+#: may carry them (5.25 derives Falcon's num_key_value_heads from multi_query; GPT-2's
+#: standard names; a grouped model's head_dim). (config, key-value heads, query heads)
+REPRESENTATIONS = {
+    "falcon": ([dict(model_type="falcon", num_hidden_layers=2, hidden_size=64, num_attention_heads=8,
+                     multi_query=True, vocab_size=64)], 1, 8),
+    "gpt2": ([dict(model_type="gpt2", n_layer=2, n_head=4, n_embd=32, vocab_size=64)], 4, 4),
+    "grouped": ([dict(model_type="llama", num_hidden_layers=2, hidden_size=64, num_attention_heads=8,
+                      num_key_value_heads=2, intermediate_size=128, vocab_size=64)], 2, 8),
+}
+REPRESENTATIONS["falcon"][0].append({**REPRESENTATIONS["falcon"][0][0], "num_key_value_heads": 1,
+                                     "num_kv_heads": 8})
+REPRESENTATIONS["gpt2"][0].append({**REPRESENTATIONS["gpt2"][0][0], "num_hidden_layers": 2,
+                                   "num_attention_heads": 4, "hidden_size": 32})
+REPRESENTATIONS["grouped"][0].append({**REPRESENTATIONS["grouped"][0][0], "head_dim": 8})
+
+
+@pytest.mark.parametrize("name", list(REPRESENTATIONS))
+def test_a_config_prices_the_same_with_or_without_its_derived_fields(name):
+    """The same bytes a token, and the same ratio when every head keeps its own key and value,
+    whether or not the config carries the fields its class derives (the Falcon exercise broke on
+    transformers 5.25 when it changed multi_query in a dict that still said one head)."""
+    representations, kv_heads, heads = REPRESENTATIONS[name]
+    prices = []
+    for fields in representations:
+        config = tx.read_config(fields)
+        own = tx.every_head_its_own(config)
+        assert (tx.key_value_heads(config), tx.key_value_heads(own)) == (kv_heads, heads), fields
+        prices.append((tx.cache_bytes(config, 1), tx.cache_bytes(own, 1) / tx.cache_bytes(config, 1)))
+    assert prices[0] == prices[1] and prices[0][1] == heads / kv_heads
+    assert cache_of(tx.read_config(representations[1]), 1)[0] == prices[0][0]   # the real cache agrees
 
 
 def test_measured_only_kinds_say_why_and_are_priced_from_the_measurement():

@@ -502,16 +502,40 @@ def test_the_weekly_build_asks_for_versions_not_the_pins(workflows):
 # ── the weekly build's environment ────────────────────────────────────────────────────────
 
 
-def test_the_newest_environment_takes_every_pinned_package_without_its_pin():
+def test_the_newest_environment_takes_every_pinned_package_within_its_declared_range():
     pinned = {**newest.pins(newest.REQUIREMENTS), **newest.pins(newest.NODEPS)}
+    ranges = newest.declared_ranges()
     commands = newest.commands("python")
     torch = commands[1]
-    assert torch[-3:] == ["torch", "--index-url", "https://download.pytorch.org/whl/cpu"]
-    named = [newest.canonical(word) for command in commands[1:4] for word in command[5:]
-             if not word.startswith(("-", "http"))]
-    assert sorted(named) == sorted(pinned) and not any("==" in w for c in commands for w in c)
+    assert torch[-3:] == ["torch>=2.13,<3", "--index-url", "https://download.pytorch.org/whl/cpu"]
+    named = [re.match(r"[A-Za-z0-9._\[\]-]+", word).group() for command in commands[1:4]
+             for word in command[5:] if not word.startswith(("-", "http"))]
+    assert sorted(newest.canonical(name) for name in named) == sorted(pinned)
+    assert not any("==" in word for command in commands for word in command)
+    assert "jupyter-book>=1,<2" in commands[2] and ranges["jupyter-book"] == ">=1,<2"
     assert commands[3][5] == "--no-deps"             # requirements-nodeps.txt, as make env does
     assert "check-jsonschema" in pinned              # this test's own validator is pinned
+
+
+def test_every_declared_range_admits_its_pin():
+    """The pins are releases the ranges allow: `make newest` can only move forward from them."""
+    pinned = {**newest.pins(newest.REQUIREMENTS), **newest.pins(newest.NODEPS)}
+    for name, spec in newest.declared_ranges().items():
+        limit = newest.upper_major(spec)
+        if name in pinned and limit is not None:
+            assert int(pinned[name].split(".")[0]) < limit, (name, spec)
+
+
+def test_a_newer_major_release_is_named_not_installed(tmp_path):
+    """A new major version outside a declared range goes to the summary, and fails nothing."""
+    ranges = {"jupyter-book": ">=1,<2", "transformers": ">=5.15,<6", "numpy": "<3"}
+    releases = {"jupyter-book": "2.1.7", "transformers": "5.25.0", "numpy": None}
+    outside = newest.outside_ranges(ranges, releases.get)
+    assert outside == ["jupyter-book 2.1.7 (declared >=1,<2)"]
+    summary = tmp_path / "summary.md"
+    text = newest.report({"torch": "2.13.0"}, {"torch": "2.13.0"}, str(summary), outside)
+    assert "outside the ranges pyproject.toml declares" in text and "jupyter-book 2.1.7" in text
+    assert newest.upper_major(">=1,<2") == 2 and newest.upper_major(">=2.13") is None
 
 
 def test_the_newest_report_names_what_changed(tmp_path):
