@@ -1032,7 +1032,8 @@ def independent_steps(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     """n steps tanh(x_i + x_i U), one at a time, none waiting for another:
     the chain's operations without its dependency."""
     for t in range(x.shape[0]):    # could run in any order, or at once
-        out = torch.tanh(x[t] + x[t] @ U)
+        xt = x[t]                  # the row, read once, as the chain reads
+        out = torch.tanh(xt + xt @ U)
     return out
 
 
