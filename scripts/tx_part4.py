@@ -3152,11 +3152,13 @@ def attention_recall(keys: torch.Tensor, values: torch.Tensor,
 
 
 def recall_table(pairs=(1, 4, 16, 64, 256), state: int = 16,
-                 width: int = 64, seed: int = 0) -> pd.DataFrame:
+                 width: int = 64, seed: int = 0,
+                 sharpness: float = 100.0) -> pd.DataFrame:
     """Pairs recalled within 1 % by a state written as the walk writes
-    it, by the best state of that size (least squares) and by attention,
-    with the numbers each keeps. Keys are at right angles while they fit
-    (pairs ≤ state), random unit vectors after that."""
+    it, by the best state of that size (least squares) and by attention
+    (scores scaled by `sharpness`), with the numbers each keeps. Keys are
+    at right angles while they fit (pairs ≤ state), random unit vectors
+    after that."""
     tx.check_positive(state=state, width=width)
     g = torch.Generator().manual_seed(seed)
     f64, rows = {"dtype": torch.float64, "generator": g}, {}
@@ -3169,7 +3171,7 @@ def recall_table(pairs=(1, 4, 16, 64, 256), state: int = 16,
         keys = F.normalize(keys, dim=-1)
         best = keys @ (torch.linalg.pinv(keys) @ values)   # least squares
         reads = {"state": state_recall(keys, values), "best state": best,
-                 "attention": attention_recall(keys, values)}
+                 "attention": attention_recall(keys, values, sharpness)}
         rows[m] = {"state numbers": width * state,
                    "cache numbers": m * (state + width)}
         for who, read in reads.items():
