@@ -4,7 +4,9 @@ For every page: no console error, every image loaded, every glued number of its 
 the Colab/Binder buttons open an .ipynb of the repository, the download button a notebook the
 site holds; every formula typeset by MathJax (served by the site itself), no raw TeX shown;
 no request to anything but the site (Chrome's own record of the page's network requests);
-no critical or serious accessibility violation (axe-core, in the same browser session).
+no critical or serious accessibility violation (axe-core, in the same browser session); no code
+cell and no output (printed text or table, collapsed ones opened) wider than the column at
+1,280 px, each named by its page and its cell.
 Then: search finds pages, and figures stay on a light background in the dark theme.
 Screenshots go to _build/screenshots/ (light for every page, dark for the notebook pages), taken
 once MathJax has typeset the page; axe-core's findings, by page and impact, to _build/axe.json.
@@ -258,9 +260,9 @@ document.querySelectorAll('div.cell').forEach((cell, number) => {
   const first = code ? code.textContent.split('\\n')[0] : '';
   cell.querySelectorAll('div.cell_output pre, div.cell_output div.output').forEach(out => {
     if (out.scrollWidth > out.clientWidth + 1 && !out.querySelector('pre')) {
-      const table = out.querySelector('table tr');      // a table: its header row
-      const text = table ? table.textContent.replace(/\\s+/g, ' ')
-                         : out.textContent.trim().split('\\n')[0];
+      const row = out.querySelector('table tr');      // a table: its header row
+      const text = row ? Array.from(row.cells).map(c => c.textContent.trim()).join(' ')
+                       : out.textContent.trim().split('\\n')[0];
       wide.push([number + 1, first, out.scrollWidth, out.clientWidth, text]);
     }
   });
@@ -547,11 +549,11 @@ FORMULAS = ('<p>Work per layer <span class="math">\\(n^2 \\cdot d\\)</span>, and
 #: A line of 120 characters, put first in a real page's first code cell: it must scroll.
 WIDE_LINE = "<span>wide_line = " + "1 + " * 25 + "1</span>\n"
 #: Two outputs put first in a real page's first output: printed text of 120 characters, and a
-#: table of 30 columns. Each must be found too wide.
+#: table of 30 columns whose headers cannot wrap. Each must be found too wide.
 WIDE_OUTPUT = ('<div class="output stream highlight-myst-ansi notranslate"><div class="highlight">'
                "<pre>wide_output = " + "1 + " * 25 + "1</pre></div></div>"
                '<div class="output text_html"><table><tr>'
-               + "".join(f"<th>wide table {i}</th>" for i in range(30)) + "</tr></table></div>")
+               + "".join(f"<th>wide_table_column_{i}</th>" for i in range(30)) + "</tr></table></div>")
 CRAFTED = {
     # the same formulas, typeset by the site's MathJax: the math check passes (a control)
     "crafted_math.html": dict(title="Typeset", head=SITE_MATHJAX,
@@ -641,7 +643,7 @@ def test_an_output_wider_than_the_page_is_caught(crafted):
     """Printed text and a table, each named with its page and its cell."""
     found, *_, wide_out = crafted
     outputs = found[wide_out]["outputs"]
-    for start in ("'wide_output = 1 + 1", "'wide table 0 wide table 1"):
+    for start in ("'wide_output = 1 + 1", "'wide_table_column_0 wide_table_column_1"):
         assert any(start in problem and wide_out in problem and "the output of cell " in problem
                    for problem in outputs), (start, outputs)
 
