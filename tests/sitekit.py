@@ -427,3 +427,37 @@ def verdicts_in_text(html_dir: Path = HTML) -> list[str]:
                 start = max(0, found.start() - 60)
                 problems.append(f"{page}: …{text[start:found.end() + 20]}…")
     return problems
+
+
+# ── outputs cut short ─────────────────────────────────────────────────────────────────────
+
+#: pandas' marks of a table it printed in part: "[5 rows x 12 columns]" under a text table,
+#: "5 rows × 12 columns" under an HTML one, and "..." (or "…") standing for the rows or columns
+#: it left out: a cell of its own in HTML; in text, a column of its own, set off by two spaces
+#: (or a line's end) on each side, as pandas aligns its columns.
+SHAPE_LINE = re.compile(r"\[?\d+ rows [x×] \d+ columns\]?")
+ELLIPSIS = re.compile(r"(?:^|\s\s)(?:\.\.\.|…)(?:\s\s|$)")
+
+
+def truncated_outputs(html_dir: Path = HTML, pages: list[str] | None = None) -> list[str]:
+    """Every output of a notebook page that pandas cut short: names the page, the cell (its
+    number among the cells the page shows, and its first line of code) and the mark found."""
+    problems = []
+    for page in pages if pages is not None else html_pages(html_dir):
+        if not page.startswith("notebooks/"):
+            continue
+        soup = parsed((html_dir / page).resolve())
+        for number, cell in enumerate(soup.select("div.cell"), start=1):
+            code = cell.select_one("div.cell_input pre")
+            first = code.get_text().split("\n")[0].strip()[:50] if code else ""
+            where = f"{page}: the output of cell {number}" + (f" ({first!r})" if first else "")
+            for output in cell.select("div.cell_output"):
+                cut = [c for c in output.select("td, th") if c.get_text(strip=True) in ("...", "…")]
+                marks = [f"a cell {cut[0].get_text(strip=True)!r}"] if cut else []
+                for pre in output.select("pre"):     # the first line with a gap, if any
+                    lines = [line for line in pre.get_text().split("\n") if ELLIPSIS.search(line)]
+                    marks += [f"{ELLIPSIS.search(lines[0]).group().strip()!r} in "
+                              f"{lines[0].strip()[:50]!r}"] if lines else []
+                marks += [repr(m.group()) for m in SHAPE_LINE.finditer(output.get_text(" "))]
+                problems += [f"{where} is cut short by pandas: {mark}" for mark in marks]
+    return problems

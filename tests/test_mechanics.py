@@ -1,5 +1,6 @@
 """The book's mechanics: glue from a real kernel, plain values, the pairs, the command line."""
 
+import json
 import subprocess
 import sys
 
@@ -205,3 +206,24 @@ def test_a_block_written_by_an_older_sync_still_matches(tmp_path, monkeypatch):
     assert book.block_begin(page) in module.read_text(encoding="utf-8")
     assert old not in module.read_text(encoding="utf-8")
     book.check_saved(module)
+
+
+def test_the_setup_line_fits_the_page_and_keeps_each_fact_whole(monkeypatch):
+    """The line that opens every page: at most 76 characters a line, on any machine (a long CPU
+    name wraps to more lines), each fact on one line, as the pages and tests quote them."""
+    cpu = "AMD EPYC 9654 96-Core Processor with a name longer than most (R)"
+    facts = {"cpu": cpu, "cores": 192, "largest_cache_bytes": 384 * 2**20}
+    monkeypatch.setenv(tx.MACHINE_ENV, json.dumps(facts))
+    text = tx.setup()
+    lines = text.split("\n")
+    assert len(lines) >= 3 and all(len(line) <= tx.WIDTH for line in lines), text
+    for fact in (cpu, "192 cores", "largest cache 384 MiB", f"torch {torch.__version__}"):
+        assert any(fact in line for line in lines), (fact, text)
+
+
+def test_the_stated_examples_print_within_the_page():
+    """print() of the example model and accelerator: their repr, wrapped at 76 characters."""
+    for example in (tx.ExampleModel(), tx.ExampleAccelerator(), tx.ExampleModel(kv_heads=1)):
+        text = str(example)
+        assert all(len(line) <= tx.WIDTH for line in text.split("\n")), text
+        assert text.replace("\n    ", " ") == repr(example)

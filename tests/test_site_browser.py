@@ -4,7 +4,9 @@ For every page: no console error, every image loaded, every glued number of its 
 the Colab/Binder buttons open an .ipynb of the repository, the download button a notebook the
 site holds; every formula typeset by MathJax (served by the site itself), no raw TeX shown;
 no request to anything but the site (Chrome's own record of the page's network requests);
-no critical or serious accessibility violation (axe-core, in the same browser session).
+no critical or serious accessibility violation (axe-core, in the same browser session); no code
+cell and no output (printed text or table, collapsed ones opened) wider than the column at
+1,280 px, each named by its page and its cell.
 Then: search finds pages, and figures stay on a light background in the dark theme.
 Screenshots go to _build/screenshots/ (light for every page, dark for the notebook pages), taken
 once MathJax has typeset the page; axe-core's findings, by page and impact, to _build/axe.json.
@@ -47,7 +49,8 @@ AXE_TIMEOUT = 100        # seconds for axe-core on one page (the ledger's 5,500 
 # does not exist (a 404 in the console); only css-orientation-lock reads the CSSOM.
 AXE_OPTIONS = json.dumps({"resultTypes": ["violations"], "preload": False})
 AXE_REPORT = sitekit.ROOT / "_build" / "axe.json"
-ASPECTS = ("console", "images", "glue", "launch", "download", "math", "network", "axe", "scroll")
+ASPECTS = ("console", "images", "glue", "launch", "download", "math", "network", "axe", "scroll",
+           "outputs")
 
 
 # ── the browser ───────────────────────────────────────────────────────────────────────────
@@ -223,6 +226,7 @@ def visit(driver, site: Site, page: str, shot: Path | None = None) -> dict[str, 
         screenshot(driver, shot, full_page=True)
     found["network"] = sitekit.offsite_requests(page, driver.get_log("performance"), site.url)
     found["scroll"] = scroll_check(driver, page)         # last: it opens the collapsed cells
+    found["outputs"] = output_check(driver, page)        # and the collapsed solutions
     return found
 
 
@@ -241,6 +245,42 @@ def scroll_check(driver, page: str) -> list[str]:
     window's width (1,280 px): none needs a sideways scroll bar. Names the cell's first line."""
     return [f"{page}: a code cell scrolls sideways ({wide} px in {shown} px), first line "
             f"{first.strip()[:70]!r}" for first, wide, shown in driver.execute_script(WIDE_CELLS)]
+
+
+#: Every collapsed cell and dropdown opened (a reader expands "Show code", "Show output" and each
+#: solution), then each output a reader sees measured: its printed text, or the box that holds a
+#: table or an image, wider than the column means a sideways scroll bar or content cut off.
+#: (cell number on the page, its first code line or "", scroll width, client width, first line)
+WIDE_OUTPUTS = """
+document.querySelectorAll('details').forEach(d => { d.open = true; });
+document.querySelectorAll('button.toggle-button-hidden').forEach(b => b.click());
+const wide = [];
+document.querySelectorAll('div.cell').forEach((cell, number) => {
+  const code = cell.querySelector('div.cell_input pre');
+  const first = code ? code.textContent.split('\\n')[0] : '';
+  cell.querySelectorAll('div.cell_output pre, div.cell_output div.output').forEach(out => {
+    if (out.scrollWidth > out.clientWidth + 1 && !out.querySelector('pre')) {
+      const row = out.querySelector('table tr');      // a table: its header row
+      const text = row ? Array.from(row.cells).map(c => c.textContent.trim()).join(' ')
+                       : out.textContent.trim().split('\\n')[0];
+      wide.push([number + 1, first, out.scrollWidth, out.clientWidth, text]);
+    }
+  });
+});
+return wide;
+"""
+
+
+def output_check(driver, page: str) -> list[str]:
+    """Every output a reader can see (under "Show code", "Show output" and in the solutions,
+    opened) fits its column at the window's width (1,280 px), as code cells do: no printed text
+    or table wider than the page. Names the page, the cell (its number among the cells the page
+    shows, and its first line of code if shown) and the output's first line (a table's header)."""
+    return [f"{page}: the output of cell {number}"
+            + (f" ({first.strip()[:50]!r})" if first.strip() else " (its code hidden)")
+            + f" is wider than the column ({wide} px in {shown} px), starting "
+            f"{text.strip()[:50]!r}"
+            for number, first, wide, shown, text in driver.execute_script(WIDE_OUTPUTS)]
 
 
 def glue_check(driver, site: Site, page: str, source: Path) -> list[str]:
@@ -508,6 +548,12 @@ FORMULAS = ('<p>Work per layer <span class="math">\\(n^2 \\cdot d\\)</span>, and
             '<p>Also written $$ n \\cdot d^2 $$ in plain text.</p>')
 #: A line of 120 characters, put first in a real page's first code cell: it must scroll.
 WIDE_LINE = "<span>wide_line = " + "1 + " * 25 + "1</span>\n"
+#: Two outputs put first in a real page's first output: printed text of 120 characters, and a
+#: table of 30 columns whose headers cannot wrap. Each must be found too wide.
+WIDE_OUTPUT = ('<div class="output stream highlight-myst-ansi notranslate"><div class="highlight">'
+               "<pre>wide_output = " + "1 + " * 25 + "1</pre></div></div>"
+               '<div class="output text_html"><table><tr>'
+               + "".join(f"<th>wide_table_column_{i}</th>" for i in range(30)) + "</tr></table></div>")
 CRAFTED = {
     # the same formulas, typeset by the site's MathJax: the math check passes (a control)
     "crafted_math.html": dict(title="Typeset", head=SITE_MATHJAX,
@@ -548,10 +594,15 @@ def crafted(browser, site, tmp_path_factory):
     assert widened, f"{page} has no code cell"
     wide = str(Path(page).with_name("wide_cell.html").as_posix())
     (html / wide).write_text(wide_text, encoding="utf-8")
+    wide_out_text, widened = re.subn(r'(<div class="cell_output[^"]*">)', r"\1" + WIDE_OUTPUT,
+                                     (site.html / page).read_text(encoding="utf-8"), count=1)
+    assert widened, f"{page} has no output"
+    wide_out = str(Path(page).with_name("wide_output.html").as_posix())
+    (html / wide_out).write_text(wide_out_text, encoding="utf-8")
     with Server(html) as server:
         copy = Site(html, server.url, site.root, site.glued)
-        yield ({name: visit(browser, copy, name) for name in [*CRAFTED, without, wide]},
-               without, html, wide)
+        yield ({name: visit(browser, copy, name)
+                for name in [*CRAFTED, without, wide, wide_out]}, without, html, wide, wide_out)
 
 
 def test_typeset_math_passes_the_math_check(crafted):
@@ -574,7 +625,7 @@ def test_raw_tex_is_caught(crafted):
 
 
 def test_an_offsite_request_is_caught(crafted):
-    found, _, html, _ = crafted
+    found, _, html, *_ = crafted
     network = found["crafted_offsite.html"]["network"]
     assert network == ["crafted_offsite.html: requests https://example.com/x.png, which is not "
                        "on the site"], network
@@ -583,9 +634,18 @@ def test_an_offsite_request_is_caught(crafted):
 
 
 def test_a_code_cell_wider_than_the_page_is_caught(crafted):
-    found, _, _, wide = crafted
+    found, _, _, wide, _ = crafted
     scroll = found[wide]["scroll"]
     assert any("wide_line = 1 + 1" in problem and wide in problem for problem in scroll), scroll
+
+
+def test_an_output_wider_than_the_page_is_caught(crafted):
+    """Printed text and a table, each named with its page and its cell."""
+    found, *_, wide_out = crafted
+    outputs = found[wide_out]["outputs"]
+    for start in ("'wide_output = 1 + 1", "'wide_table_column_0 wide_table_column_1"):
+        assert any(start in problem and wide_out in problem and "the output of cell " in problem
+                   for problem in outputs), (start, outputs)
 
 
 def test_an_accessibility_violation_is_caught(crafted):
