@@ -4266,9 +4266,11 @@ def hub_config(name: str) -> Path:
             why = ("no such repository on the Hugging Face Hub (a private "
                    "one needs hf auth login)")
         elif is_offline_mode():
-            why = f"not in the Hugging Face cache and HF_HUB_OFFLINE is set: {get}"
+            why = ("not in the Hugging Face cache and HF_HUB_OFFLINE is "
+                   f"set: {get}")
         elif isinstance(cause, LocalEntryNotFoundError):
-            why = f"not in the Hugging Face cache and the Hub cannot be reached: {get}"
+            why = ("not in the Hugging Face cache and the Hub cannot be "
+                   f"reached: {get}")
         else:
             why = (str(error).strip().splitlines() or ["not found"])[0]
         raise ValueError(f"model {name}: {why}") from None
@@ -4283,7 +4285,7 @@ def model_source(name: str) -> Path:
     path = Path(name).expanduser()
     if (path.exists() or path.suffix == ".json"
             or name.startswith((".", "/", "~"))):
-        return path                       # config_fields names a missing one
+        return path                       # config_fields: "no such file"
     return hub_config(name)
 
 
@@ -4292,8 +4294,9 @@ def model_label(name: str, taken: Iterable[str] = ()) -> str:
     id as given; the name as given where two would read alike."""
     path = Path(name)
     label = name
-    if path.exists():
-        label = path.parent.name if path.name == "config.json" else path.stem
+    if path.exists():                     # a folder's config.json: its name
+        label = (path.parent.name if path.name == "config.json"
+                 else path.stem)
     return name if label in taken else label
 
 
