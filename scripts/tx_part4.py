@@ -384,48 +384,15 @@ def machine() -> dict:
     return facts
 
 
-#: The widest line a page prints, as for its code: the column of the site.
-WIDTH = 76
-
-
-def wrap_items(items: Iterable[str], first: str = "", indent: str = "    ",
-               width: int = WIDTH) -> str:
-    """`first`, then the items joined by ", ", in lines of at most `width`
-    characters (textwrap). A line breaks between two items, never inside
-    one, unless an item alone is wider than a line."""
-    import textwrap
-
-    # textwrap breaks only at ASCII whitespace: a no-break space holds
-    # each item together
-    joined = ", ".join(item.replace(" ", "\xa0") for item in items)
-    text = textwrap.fill(joined, width, initial_indent=first,
-                         subsequent_indent=indent, break_on_hyphens=False)
-    return text.replace("\xa0", " ")
-
-
-def fields_text(instance) -> str:
-    """A dataclass instance as its repr writes it, name(field=value, …),
-    in lines of at most WIDTH characters: what `print` shows of the
-    book's stated examples."""
-    import dataclasses
-
-    items = [f"{f.name}={getattr(instance, f.name)!r}"
-             for f in dataclasses.fields(instance) if f.repr]
-    # one character kept for the closing parenthesis
-    return wrap_items(items, f"{type(instance).__name__}(",
-                      width=WIDTH - 1) + ")"
-
-
 def machine_text(facts: dict | None = None) -> str:
-    """The machine facts, as each page's setup prints them: in lines of at
-    most WIDTH characters, each fact whole on one line."""
+    """The machine facts in one line, as each page's setup prints them."""
     facts = facts or machine()
     cache = facts["largest_cache_bytes"]
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
-    return wrap_items([facts["cpu"], f"{facts['cores']} cores",
-                       f"{facts['threads']} threads by torch's default",
-                       f"largest cache {cache}", f"BLAS {facts['blas']}",
-                       f"kernels {facts['kernels']}"], "machine: ")
+    return (f"{facts['cpu']}, {facts['cores']} cores, "
+            f"{facts['threads']} threads by torch's default, "
+            f"largest cache {cache}, "
+            f"BLAS {facts['blas']}, kernels {facts['kernels']}")
 
 
 def setup(seed: int = 0, threads: int = 1) -> str:
@@ -446,10 +413,9 @@ def setup(seed: int = 0, threads: int = 1) -> str:
     # imported modules never become garbage: leave them out of it
     gc.freeze()
     used = f"{threads} thread" + ("s" if threads > 1 else "")
-    # in lines that fit the page's column, as its code does
-    return (wrap_items([f"torch {torch.__version__}", f"seed {seed}",
-                        f"{used} for this page (torch.set_num_threads)"])
-            + "\n" + machine_text())
+    return (f"torch {torch.__version__}, seed {seed}; this page computes "
+            f"on {used} (torch.set_num_threads)\n"
+            f"machine: {machine_text()}")
 
 
 def use_book_style() -> None:
@@ -3528,11 +3494,15 @@ def transformers_config(config: dict, layers: int | None = None):
         return built
     tx.check_positive(layers=layers)
     own = {**text.to_dict(), **{k: v for k, v in fields.items()
-                                if k in text.to_dict()}}
+                                if text is built or k in text.to_dict()}}
     whole = own.get("num_hidden_layers")
     for name, value in own.items():       # per-layer lists: the first ones
         if isinstance(value, list) and len(value) == whole:
             own[name] = value[:layers]
+    if own.get("per_layer_config"):       # and their own fields
+        own["per_layer_config"] = {
+            i: v for i, v in own["per_layer_config"].items()
+            if int(i) < layers}
     own["num_hidden_layers"] = layers
     cls = type(text)
     own = {k: v for k, v in own.items()   # leave derived fields derived
@@ -3573,7 +3543,10 @@ def read_config(source) -> dict:
             config[standard] = getattr(part, standard, None)
     for name in ("layer_types", "layers_block_type"):   # may be properties
         if isinstance(getattr(text, name, None), list):
-            config.setdefault(name, getattr(text, name))
+            config[name] = getattr(text, name)    # as the class builds
+    config.pop("per_layer_config", None)  # each layer's own fields, as
+    if getattr(text, "is_heterogeneous", False):  # the class keeps them
+        config["per_layer_config"] = text.to_dict()["per_layer_config"]
     config["model_type"] = kind
     check_heads(config)
     return config
@@ -3628,25 +3601,50 @@ def layer_type(config: dict, i: int) -> str:
     return "full_attention"
 
 
+def layer_own(config: dict, i: int) -> tuple:
+    """The fields layer i sets for itself (`per_layer_config`: its own
+    heads, ranks, head size), as sorted (field, value) pairs; () if none."""
+    every = config.get("per_layer_config") or {}
+    own = {int(k): v for k, v in every.items()}.get(i, {})
+    return tuple(sorted(own.items()))
+
+
+def layer_config(config: dict, i: int) -> dict:
+    """The fields of layer i: the config's, and the layer's own."""
+    return {**config, **dict(layer_own(config, i))}
+
+
 def layer_kinds(config: dict) -> list[tuple[str, int | None]]:
     """(kind, window) of every layer: "attention", "latent" (MLA), "mamba",
     or the config's own name for a kind the formula does not know."""
     names = config.get("layer_types") or config.get("layers_block_type")
-    n = config.get("num_hidden_layers") or len(names)
+    n = (config.get("num_hidden_layers") or config.get("num_decoder_layers")
+         or len(names or ()))            # a decoder's own name (ProphetNet)
     if not (isinstance(names, list) and len(names) >= n):
         names = [layer_type(config, i) for i in range(n)]
-    mla = config.get("kv_lora_rank") and config.get("qk_rope_head_dim")
+    cross = config.get("cross_attention_layers") or ()   # to an image
     kinds = []
-    for name in names[:n]:
-        if name in ("full_attention", "attention", "sliding_attention"):
-            window = config.get("sliding_window")
+    for i, name in enumerate(names[:n]):
+        layer = layer_config(config, i)   # its own fields, if it has any
+        mla = layer.get("kv_lora_rank") and layer.get("qk_rope_head_dim")
+        if i in cross:
+            kinds.append(("cross_attention", None))   # measured only
+        elif name in ("full_attention", "attention", "sliding_attention"):
+            window = layer.get("sliding_window")
             kinds.append(("latent" if mla else "attention",
                           window if name == "sliding_attention" else None))
-        elif name in ("linear_attention", "mamba") and mamba_sizes(config):
+        elif name in ("linear_attention", "mamba") and mamba_sizes(layer):
             kinds.append(("mamba", None))
         else:
             kinds.append((name, None))    # measured only: no rule for it
     return kinds
+
+
+def layer_groups(config: dict) -> list[tuple]:
+    """(kind, window, own fields) of every layer: layers alike in all
+    three cost alike, and are priced together."""
+    return [(kind, window, layer_own(config, i))
+            for i, (kind, window) in enumerate(layer_kinds(config))]
 
 
 def head_size(config: dict) -> int:
@@ -3706,27 +3704,29 @@ def cache_bytes(config: dict, tokens: int, bytes_per_number: int = 2,
                 measured: dict | None = None) -> int:
     """Bytes of one conversation's cache after `tokens` tokens, summed
     over the layers. `measured` gives (bytes a token, fixed bytes) for
-    each kind of layer the formula cannot explain."""
+    each group of layers the formula cannot explain (layer_groups)."""
     tx.check_nonnegative(tokens=tokens)
     total = 0
-    for kind, window in layer_kinds(config):
-        if measured and (kind, window) in measured:
-            per_token, fixed = measured[(kind, window)]
-            total += tokens * per_token + fixed       # measured only
+    for i, group in enumerate(layer_groups(config)):
+        kind, window, _ = group
+        kept = tokens if window is None else min(tokens, window - 1)
+        if measured and group in measured:
+            per_token, fixed = measured[group]
+            total += kept * per_token + fixed         # measured only
             continue
-        if token_bytes(config, kind) is None:
+        layer = layer_config(config, i)   # with its own fields
+        if token_bytes(layer, kind) is None:
             raise ValueError(f"layer kind {kind!r} has no formula: pass "
                              "its measured bytes (price_layers)")
-        kept = tokens if window is None else min(tokens, window - 1)
-        total += kept * token_bytes(config, kind, bytes_per_number)
-        total += state_bytes(config, kind, bytes_per_number)
+        total += kept * token_bytes(layer, kind, bytes_per_number)
+        total += state_bytes(layer, kind, bytes_per_number)
     return total
 
 
 def layers_to_build(config: dict) -> int:
     """The fewest first layers that hold every kind of layer of the config
     in its own order, and its first mixture-of-experts layer."""
-    kinds = layer_kinds(config)
+    kinds = layer_groups(config)          # a kind with its own fields
     needed = max(kinds.index(kind) for kind in set(kinds)) + 1
     dense = config.get("first_k_dense_replace")   # DeepSeek: dense first
     if dense:
@@ -3858,21 +3858,25 @@ def price_layers(config: dict, lengths=(7, 33),
     try:
         model = meta_model(config, built, bytes_per_number)
         parts = {n: cache_parts(run_cache(model, n)) for n in lengths}
+        if any(len(rows) != built for rows in parts.values()):
+            raise ValueError("its cache's layers are not the ones built")
     except Exception:                     # some need every layer: build all
         built = len(layer_kinds(config))
         model = meta_model(config, None, bytes_per_number)
         parts = {n: cache_parts(run_cache(model, n)) for n in lengths}
-    kinds = layer_kinds(first_layers(config, built))
+    every = layer_groups(config)          # kind, window, own fields
+    kinds = every[:built]
     counted = all(len(rows) == built for rows in parts.values())
     if not counted:                       # share the whole cache out
         parts = {n: [{"cache": sum(sum(r.values()) for r in rows)
                       // built}] * built for n, rows in parts.items()}
-    rows, every = [], layer_kinds(config)
-    for kind, window in dict.fromkeys(kinds):
-        i = kinds.index((kind, window))
+    rows = []
+    for kind, window, own in dict.fromkeys(kinds):
+        i = kinds.index((kind, window, own))
         got = [p[i] for p in parts.values()]
-        per_token = token_bytes(config, kind, bytes_per_number)
-        state = state_bytes(config, kind, bytes_per_number)
+        layer = layer_config(config, i)   # with the layer's own fields
+        per_token = token_bytes(layer, kind, bytes_per_number)
+        state = state_bytes(layer, kind, bytes_per_number)
         kept = [n if window is None else min(n, window - 1)
                 for n in lengths]
         expected = {"keys and values": None if per_token is None
@@ -3888,8 +3892,8 @@ def price_layers(config: dict, lengths=(7, 33),
                                                for g in got[:2]]
             per_token = (b2 - b1) // (n2 - n1)
             state = b1 - n1 * per_token
-        rows.append({"kind": kind, "window": window,
-                     "layers": every.count((kind, window)),
+        rows.append({"kind": kind, "window": window, "own": dict(own),
+                     "layers": every.count((kind, window, own)),
                      "bytes_per_token": per_token, "state_bytes": state,
                      "formula": verdict, "why": why})
     return rows
@@ -3970,7 +3974,10 @@ def position_limit(config: dict) -> int | None:
     positions (GPT-2's), or None when positions are computed (rotary)
     or absent (Mamba)."""
     rows = config.get("max_position_embeddings")
-    model = meta_model(config, layers=1)   # the tables sit outside layers
+    try:
+        model = meta_model(config, layers=1)   # tables sit outside layers
+    except Exception:                     # some build only whole
+        model = meta_model(config)
     words = model.get_input_embeddings()
     for module in model.modules():
         # another embedding, a row a position (OPT adds 2 rows)
@@ -3985,20 +3992,21 @@ def count_model_pairs(config: dict, n: int) -> float:
     """Multiply-adds on pairs of positions in one causal pass over n
     tokens, every attention layer (other kinds compare no pairs)."""
     total = 0.0
-    for kind, window in layer_kinds(config):
+    for i, (kind, window) in enumerate(layer_kinds(config)):
         if kind not in ("attention", "latent"):
             continue
+        layer = layer_config(config, i)   # with its own fields
         w = window or n
         # causal pairs, or a band of w
         pairs = n * n / 2 if n <= w else n * w - w * w / 2
         if kind == "latent":              # MLA on its cached latent:
             # a score against latent + rotary key, a mix of the latent
-            key = config["kv_lora_rank"] + config["qk_rope_head_dim"]
-            value = config["kv_lora_rank"]
+            key = layer["kv_lora_rank"] + layer["qk_rope_head_dim"]
+            value = layer["kv_lora_rank"]
         else:                             # a key and a value of head_dim
-            key = value = head_size(config)
+            key = value = head_size(layer)
         # a score and a mix, for every query head
-        total += pairs * config["num_attention_heads"] * (key + value)
+        total += pairs * layer["num_attention_heads"] * (key + value)
     return total
 
 
@@ -4033,13 +4041,17 @@ class Accelerator:
 
 def formula_layers(config: dict, bytes_per_number: int = 2) -> list:
     """Each kind of layer priced by the formula alone, unchecked."""
-    kinds = layer_kinds(config)
-    return [{"kind": kind, "window": window, "layers": kinds.count(
-                (kind, window)),
-             "bytes_per_token": token_bytes(config, kind, bytes_per_number),
-             "state_bytes": state_bytes(config, kind, bytes_per_number),
-             "formula": "exact", "why": ""}
-            for kind, window in dict.fromkeys(kinds)]
+    kinds = layer_groups(config)
+    rows = []
+    for kind, window, own in dict.fromkeys(kinds):
+        layer = layer_config(config, kinds.index((kind, window, own)))
+        rows.append({
+            "kind": kind, "window": window, "own": dict(own),
+            "layers": kinds.count((kind, window, own)),
+            "bytes_per_token": token_bytes(layer, kind, bytes_per_number),
+            "state_bytes": state_bytes(layer, kind, bytes_per_number),
+            "formula": "exact", "why": ""})
+    return rows
 
 
 def model_costs(config: dict, weights: tuple[int, int],
@@ -4054,8 +4066,8 @@ def model_costs(config: dict, weights: tuple[int, int],
     comes from price_layers."""
     total, read = weights
     layers = layers or formula_layers(config, bytes_per_number)
-    measured = {(r["kind"], r["window"]): (r["bytes_per_token"],
-                                           r["state_bytes"])
+    measured = {(r["kind"], r["window"], tuple(sorted(r["own"].items()))):
+                (r["bytes_per_token"], r["state_bytes"])
                 for r in layers if r["formula"] != "exact"}
     cache = lambda n: cache_bytes(config, n, bytes_per_number,  # noqa: E731
                                   measured)
@@ -4135,13 +4147,59 @@ def costs_text(costs: dict[str, dict],
     return costs_table(costs, accelerator).map(cell).T.to_string()
 
 
-def every_head_its_own(config: dict) -> dict:
-    """The config with a key and a value for every query head, read again
-    through transformers' class."""
-    heads = config["num_attention_heads"]
-    # both fields: a saved config may carry the count multi_query implied
-    return read_config({**config, "multi_query": False,
-                        "num_key_value_heads": heads})
+#: The fields a price rests on: the cache, the weights, the lengths.
+PRICE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "v_head_dim",
+                "intermediate_size", "vocab_size", "sliding_window",
+                "kv_lora_rank", "qk_rope_head_dim", "state_size",
+                "expand", "conv_kernel", "max_position_embeddings",
+                "tie_word_embeddings", *EXPERT_FIELDS, *CHOSEN_FIELDS)
+
+
+def filled_in(fields: dict) -> list[dict]:
+    """The fields a price rests on that a config leaves out and its
+    transformers class fills in: field, value, where it came from."""
+    config = read_config(fields)
+    cls = type(transformers_config(fields).get_text_config(decoder=True))
+    given = set(fields) | {k for v in fields.values()   # nested configs
+                           if isinstance(v, dict) for k in v}
+    rows = []
+    for name in PRICE_FIELDS:
+        own = cls.attribute_map.get(name, name)       # GPT-2's n_layer
+        value = config.get(name)
+        if value is None or name in given or own in given:
+            continue
+        default = getattr(cls, own, None)             # the class's own
+        rows.append({"field": name, "value": value, "from":
+                     f"{cls.__name__}'s default" if value == default
+                     else f"derived by {cls.__name__}"})
+    return rows
+
+
+def price_model(source, accelerator: Accelerator = Accelerator(),
+                tokens: Iterable[int] = (8192, 131072),
+                bytes_per_number: int = 2) -> dict:
+    """Every cost of one model, as the command line prints it: each
+    group of layers measured on the meta device beside the formula,
+    the weights counted there, and the defaults the price rests on."""
+    fields = config_fields(source)
+    config = read_config(fields)
+    kinds = layer_kinds(config)
+    windows = [w for _, w in kinds if w]
+    lengths = (7, 33)                     # and past the windows, if cheap
+    if (windows and max(windows) <= 8192
+            and not any(k == "mamba" for k, _ in kinds)):
+        lengths += (max(windows) + 4,)
+    layers = price_layers(config, lengths, bytes_per_number)
+    weights = meta_weights(config, bytes_per_number)
+    tokens = tuple(tokens)
+    costs = model_costs(config, weights, accelerator, tokens,
+                        bytes_per_number, decode_at=tokens[0],
+                        layers=layers)
+    return {"model_type": config["model_type"],
+            "source": config.get("_source"),
+            "bytes_per_number": bytes_per_number,
+            "defaults": filled_in(fields), **costs}
 
 # ── end of the cells saved from notebooks/08_your_model.md ──
 
@@ -4171,24 +4229,104 @@ def key_name(name: str) -> str:
 
 
 # ══════════════════════════════════════════════════════════════════════════
-# Command line: print every table of the book
+# Command line: `why-self-attention` (installed) or `python
+# scripts/tx_part4.py`: `tables` prints every table of the book, `model`
+# prices models by path or Hugging Face id, `kv` Part 6's cache table
 # ══════════════════════════════════════════════════════════════════════════
 
 
-def model_cli(argv: list[str]) -> dict:
-    """`python scripts/tx_part4.py model PATH …`: Part 8's costs for a
-    config.json, or a folder that holds one. Bad input exits 2 with one
-    line (argparse's `error`)."""
+def _prog() -> str:
+    """The command's name as it was called."""
+    called = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return called if called == "tx_part4.py" else "why-self-attention"
+
+
+def hub_config(name: str) -> Path:
+    """The config.json of a Hugging Face model id, through transformers:
+    the local Hugging Face cache first, the Hub only when online.
+    ValueError, one line naming the model and what to do, otherwise."""
+    from huggingface_hub import is_offline_mode
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+    from transformers.utils import cached_file
+
+    try:
+        try:                              # the cache, without the network
+            found = cached_file(name, "config.json", local_files_only=True)
+        except OSError as error:
+            if (is_offline_mode() or not isinstance(
+                    error.__cause__, LocalEntryNotFoundError)):
+                raise
+            found = cached_file(name, "config.json")  # online: the Hub
+    except OSError as error:
+        cause = error.__cause__
+        get = (f"download its config.json once online (hf download {name} "
+               f"config.json), or give the file's path")
+        if isinstance(cause, HFValidationError):
+            why = ("neither a file nor a valid Hugging Face model id "
+                   "(owner/name)")
+        elif isinstance(cause, GatedRepoError):
+            why = (f"a gated repository: ask for access at "
+                   f"https://huggingface.co/{name}, then log in "
+                   f"(hf auth login)")
+        elif isinstance(cause, RepositoryNotFoundError):
+            why = ("no such repository on the Hugging Face Hub (a private "
+                   "one needs hf auth login)")
+        elif is_offline_mode():
+            why = ("not in the Hugging Face cache and HF_HUB_OFFLINE is "
+                   f"set: {get}")
+        elif isinstance(cause, LocalEntryNotFoundError):
+            why = ("not in the Hugging Face cache and the Hub cannot be "
+                   f"reached: {get}")
+        else:
+            why = (str(error).strip().splitlines() or ["not found"])[0]
+        raise ValueError(f"model {name}: {why}") from None
+    if found is None:
+        raise ValueError(f"model {name}: the repository has no config.json")
+    return Path(found)
+
+
+def model_source(name: str) -> Path:
+    """A config.json or a folder for a name that is a path, else the
+    cached config.json of a Hugging Face id (`hub_config`)."""
+    path = Path(name).expanduser()
+    if (path.exists() or path.suffix == ".json"
+            or name.startswith((".", "/", "~"))):
+        return path                       # config_fields: "no such file"
+    return hub_config(name)
+
+
+def model_label(name: str, taken: Iterable[str] = ()) -> str:
+    """A model's column heading: a file's stem, a folder's name, or the
+    id as given; the name as given where two would read alike."""
+    path = Path(name)
+    label = name
+    if path.exists():                     # a folder's config.json: its name
+        label = (path.parent.name if path.name == "config.json"
+                 else path.stem)
+    return name if label in taken else label
+
+
+def model_cli(argv: list[str]) -> list[dict]:
+    """`why-self-attention model NAME_OR_PATH …`: Part 8's costs for each
+    model, by config.json, folder or Hugging Face id. Bad input exits 2
+    with one line (argparse's `error`) naming the model."""
     import argparse
 
     default = Accelerator()
     parser = argparse.ArgumentParser(
-        prog="tx_part4.py model",
-        description="Every cost of the book for a model's config.json: "
-                    "cache a token, state, longest conversation, "
-                    "decode time")
-    parser.add_argument("config", help="a Hugging Face config.json, "
-                                       "or a folder that holds one")
+        prog=f"{_prog()} model",
+        description="Every cost of the book for each model: cache a "
+                    "token, state, longest conversation, decode time; "
+                    "one column a model")
+    parser.add_argument("models", nargs="+", metavar="NAME_OR_PATH",
+                        help="a config.json, a folder that holds one, or a "
+                             "Hugging Face model id (the local cache "
+                             "first, the Hub when online)")
     parser.add_argument("--memory-gib", type=float, nargs="+",
                         default=list(default.memories_gib),
                         help="accelerator memory in GiB (default: 24 80)")
@@ -4203,7 +4341,7 @@ def model_cli(argv: list[str]) -> dict:
     parser.add_argument("--bytes", type=int, default=2,
                         help="bytes a number (default 2: bfloat16)")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object")
+                        help="print a JSON list, one object a model")
     args = parser.parse_args(argv)
     try:
         check_positive(**{"--bytes": args.bytes},
@@ -4217,62 +4355,81 @@ def model_cli(argv: list[str]) -> dict:
         if args.bytes not in DTYPES:
             raise ValueError(f"--bytes must be one of {sorted(DTYPES)}, "
                              f"got {args.bytes}")
-        config = read_config(args.config)
     except ValueError as error:
         parser.error(str(error).splitlines()[0])
-    kinds = layer_kinds(config)
-    windows = [w for _, w in kinds if w]
-    # past the windows too, where that is cheap
-    lengths = (7, 33)
-    if (windows and max(windows) <= 8192
-            and not any(k == "mamba" for k, _ in kinds)):
-        lengths += (max(windows) + 4,)
-    try:
-        layers = price_layers(config, lengths, args.bytes)
-        weights = meta_weights(config, args.bytes)
-    except Exception as error:
-        # the model does not build or run on meta
-        import transformers
+    results = []
+    for name in args.models:
+        try:
+            source = model_source(name)
+            fields = config_fields(source)
+            read_config(fields)           # bad fields: one line, no build
+        except ValueError as error:
+            parser.error(str(error).splitlines()[0])
+        try:
+            costs = price_model(fields, accelerator, args.tokens,
+                                args.bytes)
+        except Exception as error:
+            # the model does not build or run on meta
+            import transformers
 
-        reason = (str(error).strip().splitlines()
-                  or [type(error).__name__])[0]
-        parser.error(f"model_type {config['model_type']!r}: "
-                     f"transformers {transformers.__version__} "
-                     f"could not build and run it on the meta device "
-                     f"({reason})")
-    costs = model_costs(config, weights, accelerator, args.tokens,
-                        args.bytes, decode_at=args.tokens[0],
-                        layers=layers)
-    return {"config": str(args.config), "source": config.get("_source"),
-            "model_type": config["model_type"],
-            "bytes_per_number": args.bytes, "memory_gib": args.memory_gib,
-            "bytes_per_second": args.tb_per_second * 1e12,
-            **costs, "json": args.json}
+            reason = (str(error).strip().splitlines()
+                      or [type(error).__name__])[0]
+            parser.error(f"model {name} (model_type "
+                         f"{fields.get('model_type')!r}): transformers "
+                         f"{transformers.__version__} could not build and "
+                         f"run it on the meta device ({reason})")
+        label = model_label(name, [r["model"] for r in results])
+        results.append({"model": label, "config": str(source),
+                        "memory_gib": args.memory_gib,
+                        "bytes_per_second": args.tb_per_second * 1e12,
+                        **costs})
+    return results
 
 
-def _print_model(result: dict) -> None:
-    """Print `model_cli`'s result: one JSON object, or one line a kind of
-    layer and a table."""
+def models_text(priced: dict[str, dict],
+                accelerator: Accelerator = Accelerator()) -> str:
+    """What `why-self-attention model` prints for `price_model`'s results
+    by name: each model's groups of layers and the defaults its price
+    rests on, then one table, one column a model."""
+    import textwrap
+
+    def wrapped(text: str, indent: str) -> list[str]:
+        return textwrap.wrap(text, 76, initial_indent=indent,
+                             subsequent_indent=indent + "  ")
+
+    lines = []
+    for name, c in priced.items():
+        lines.append(f"== {name}: {c['model_type']}, "
+                     f"{c['bytes_per_number']} bytes a number")
+        for layer in c["layers"]:
+            window = (f", window {layer['window']:,}" if layer["window"]
+                      else "")
+            lines += wrapped(
+                f"{layer['layers']} {layer['kind']} layer(s){window}: "
+                f"{layer['bytes_per_token']:,} B a token, "
+                f"{layer['state_bytes']:,} B fixed each", "  ")
+            own = ", ".join(f"{k} {v}" for k, v in layer["own"].items())
+            if own:
+                lines += wrapped(f"their own fields: {own}", "    ")
+            why = f" ({layer['why']})" if layer["why"] else ""
+            lines += wrapped(f"formula: {layer['formula']}{why}", "    ")
+        for d in c["defaults"]:
+            lines += wrapped(f"not in the config: {d['field']} = "
+                             f"{d['value']}, {d['from']}", "  ")
+    table = costs_text(priced, accelerator)
+    return "\n".join(lines + ["", table])
+
+
+def _print_models(results: list[dict], as_json: bool) -> None:
+    """Print `model_cli`'s results: a JSON list, or `models_text`."""
     import json
 
-    as_json = result.pop("json")
     if as_json:
-        print(json.dumps(result, indent=1, default=str))
+        print(json.dumps(results, indent=1, default=str))
         return
-    print(f"\n== {result['config']} ({result['model_type']}, "
-          f"{result['bytes_per_number']} bytes a number)")
-    for layer in result["layers"]:
-        window = f", window {layer['window']:,}" if layer["window"] else ""
-        why = f" ({layer['why']})" if layer["why"] else ""
-        print(f"  {layer['layers']} {layer['kind']} layer(s){window}: "
-              f"{layer['bytes_per_token']:,} B a token, "
-              f"{layer['state_bytes']:,} B of fixed state each; "
-              f"formula: {layer['formula']}{why}")
-    name = Path(result["config"]).stem
-    name = Path(result["config"]).parent.name if name == "config" else name
-    accelerator = Accelerator(tuple(result["memory_gib"]),
-                              result["bytes_per_second"])
-    print(costs_text({name: result}, accelerator))
+    accelerator = Accelerator(tuple(results[0]["memory_gib"]),
+                              results[0]["bytes_per_second"])
+    print(models_text({r["model"]: r for r in results}, accelerator))
 
 
 def _cli_float(x: float) -> str:
@@ -4281,23 +4438,42 @@ def _cli_float(x: float) -> str:
     return f"{x:,.3f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.3e}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Print every registered table of the book, plain text, in the order
-    of the parts.
+#: The subcommands, for `--help` and the one-line error.
+COMMANDS = {
+    "tables": "print every table of the book as plain text (the default)",
+    "model": "price models by config.json, folder or Hugging Face id, "
+             "side by side (`model --help`)",
+    "kv": "Part 6's cache table for another model (`kv --help`)"}
 
-    `python scripts/tx_part4.py kv --layers 32 --heads 32 --kv-heads 8
-    --head-size 128 --bytes 2` prints Part 6's cache table for another
-    model (`kv --help` lists the options);
-    `python scripts/tx_part4.py model PATH/config.json [--json]` prints
-    Part 8's costs for a real model's config (`model --help` lists the
-    options)."""
+
+def main(argv: list[str] | None = None) -> None:
+    """`why-self-attention [tables | model … | kv …]`.
+
+    `tables` (also with no command) prints every registered table of the
+    book, plain text, in the order of the parts;
+    `model Qwen/Qwen3-8B path/config.json [--json]` prints Part 8's costs
+    for each model, one column a model (`model --help` lists the
+    options); `kv --layers 32 --heads 32 --kv-heads 8 --head-size 128
+    --bytes 2` prints Part 6's cache table for another model."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["model"]:
-        _print_model(model_cli(argv[1:]))
+    command = argv[0] if argv else "tables"
+    if command in ("-h", "--help"):
+        print(f"usage: {_prog()} [{' | '.join(COMMANDS)}] …\n")
+        for name, what in COMMANDS.items():
+            print(f"  {name:8}{what}")
+        return
+    if command not in COMMANDS:
+        print(f"usage: {_prog()} [{' | '.join(COMMANDS)}] …\n"
+              f"{_prog()}: error: unknown command {command!r}: use "
+              f"{', '.join(COMMANDS)}", file=sys.stderr)
+        raise SystemExit(2)
+    if command == "model":
+        args = argv[1:]
+        _print_models(model_cli(args), "--json" in args)
         return
     pd.set_option("display.width", 140)
     pd.set_option("display.max_colwidth", 60)
-    if argv[:1] == ["kv"]:
+    if command == "kv":
         tables = kv_cli(argv[1:])
     else:
         tables = ((title, make()) for title, make in TABLES)

@@ -46,3 +46,48 @@ def test_every_causal_lm_type_is_priced_where_it_builds():
         assert verdict(priced[model_type]) == "exact", model_type
     refused = {t: e for t, e in answers.items() if isinstance(e, ValueError) and "not known" in str(e)}
     assert not refused                            # every listed type is known to its own release
+
+
+def priced_against_whole_build(model_type: str) -> dict:
+    """One type's default config: priced as the command prices it (`price_model`), and built whole on the
+    meta device, where two prompts measure its bytes a token. Either may fail; each failure is kept."""
+    answer = {}
+    try:
+        config = tx.read_config({"model_type": model_type})
+        model = tx.meta_model(config)                       # every layer, as the model is
+        short, long = (tx.measure_cache(model, n) for n in (3, 7))
+        answer["measured"] = (long - short) // 4
+    except Exception as error:                    # noqa: BLE001 — it does not build or run on meta
+        answer["build_error"] = error
+        return answer
+    try:
+        answer["priced"] = tx.price_model({"model_type": model_type}, tokens=(8192,))["kv_bytes_per_token"]
+    except Exception as error:                    # noqa: BLE001
+        answer["price_error"] = error
+    return answer
+
+
+#: A seeded sample of the causal-LM types (the issue's walk drew 40), and the per-layer type it named.
+SAMPLE_SEED, SAMPLE_SIZE = 29, 40
+
+
+@pytest.mark.slow
+def test_a_sample_of_types_is_priced_and_agrees_with_the_whole_build():
+    """Of the sampled types that build whole on the meta device, at least 95 % are priced, and every priced
+    one costs, in bytes a token, what its whole meta-device build measures."""
+    import random
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    types = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    sample = sorted(set(random.Random(SAMPLE_SEED).sample(types, SAMPLE_SIZE)) | {"dots3_note"})
+    answers = {t: priced_against_whole_build(t) for t in sample}
+    built = {t: a for t, a in answers.items() if "build_error" not in a}
+    priced = {t: a for t, a in built.items() if "priced" in a}
+    disagree = {t: (a["priced"], a["measured"]) for t, a in priced.items() if a["priced"] != a["measured"]}
+    print(f"\n{len(sample)} sampled types: {len(built)} build whole on meta, {len(priced)} of them priced; "
+          f"not priced: {sorted(set(built) - set(priced))}; disagree (priced, measured): {disagree}")
+    assert len(built) >= 20
+    assert len(priced) >= 0.95 * len(built)
+    assert not disagree
+    assert "dots3_note" in priced                 # per-layer overrides (per_layer_config), priced layer by layer

@@ -274,7 +274,7 @@ def test_read_config_file_errors(tmp_path):
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_cli_json_on_each_shipped_config(path, capsys):
     tx.main(["model", str(path), "--json", "--memory-gib", "24", "80"])
-    result = json.loads(capsys.readouterr().out)
+    (result,) = json.loads(capsys.readouterr().out)              # a list, one object a model
     config = tx.read_config(path)
     assert result["kv_bytes_per_token"] == tx.cache_bytes(config, 1) - tx.cache_bytes(config, 0)
     assert result["state_bytes"] == tx.cache_bytes(config, 0)
@@ -294,7 +294,7 @@ def write(tmp_path, name, text):
     ("zero_layers", "num_hidden_layers must be a positive integer"),
     ("unknown_type", "model_type 'not_a_model' is not known to transformers"),
     ("no_type", "no model_type"),
-    ("no_meta", "model_type 'bart': transformers"),
+    ("no_meta", "(model_type 'bart'): transformers"),
     ("memory", "--memory-gib[0] must be a positive number"),
     ("tokens", "--tokens[0] must be a positive integer"),
     ("bandwidth", "--tb-per-second must be a positive number"),
@@ -384,7 +384,7 @@ def test_learned_positions_bound_every_length(capsys):
     out = capsys.readouterr().out
     assert "cannot run" in out and "692,299" not in out
     tx.main(["model", str(tx.CONFIG_DIR / "gpt2.json"), "--json"])
-    assert json.loads(capsys.readouterr().out)["position_limit"] == 1024
+    assert json.loads(capsys.readouterr().out)[0]["position_limit"] == 1024
 
 
 # ── any model transformers builds: names, kinds, formula against measurement ────────────────
@@ -487,7 +487,7 @@ def test_measured_only_kinds_say_why_and_are_priced_from_the_measurement():
     assert layers["attention"]["formula"] == "exact"
     assert layers["linear_attention"]["formula"] == "measured only"
     assert "no rule" in layers["linear_attention"]["why"]
-    fixed = {(r["kind"], r["window"]): (r["bytes_per_token"], r["state_bytes"])
+    fixed = {(r["kind"], r["window"], ()): (r["bytes_per_token"], r["state_bytes"])
              for r in layers.values() if r["formula"] != "exact"}
     for n in (3, 9, 20):                                     # the measured pricing holds at other lengths
         assert tx.cache_bytes(config, n, measured=fixed) == cache_of(config, n)[0]
@@ -544,7 +544,7 @@ def test_cli_json_on_a_folder_gives_a_formula_for_each_kind(tmp_path, capsys):
     folder.mkdir()
     (folder / "config.json").write_text((tx.CONFIG_DIR / "gemma-2-9b.json").read_text())
     tx.main(["model", str(folder), "--json"])
-    result = json.loads(capsys.readouterr().out)
+    (result,) = json.loads(capsys.readouterr().out)
     assert [(layer["window"], layer["formula"]) for layer in result["layers"]] == [(4096, "exact"), (None, "exact")]
     assert result["weights_read_per_token"] == result["weights"]
 
