@@ -384,15 +384,48 @@ def machine() -> dict:
     return facts
 
 
+#: The widest line a page prints, as for its code: the column of the site.
+WIDTH = 76
+
+
+def wrap_items(items: Iterable[str], first: str = "", indent: str = "    ",
+               width: int = WIDTH) -> str:
+    """`first`, then the items joined by ", ", in lines of at most `width`
+    characters (textwrap). A line breaks between two items, never inside
+    one, unless an item alone is wider than a line."""
+    import textwrap
+
+    # textwrap breaks only at ASCII whitespace: a no-break space holds
+    # each item together
+    joined = ", ".join(item.replace(" ", "\xa0") for item in items)
+    text = textwrap.fill(joined, width, initial_indent=first,
+                         subsequent_indent=indent, break_on_hyphens=False)
+    return text.replace("\xa0", " ")
+
+
+def fields_text(instance) -> str:
+    """A dataclass instance as its repr writes it, name(field=value, …),
+    in lines of at most WIDTH characters: what `print` shows of the
+    book's stated examples."""
+    import dataclasses
+
+    items = [f"{f.name}={getattr(instance, f.name)!r}"
+             for f in dataclasses.fields(instance) if f.repr]
+    # one character kept for the closing parenthesis
+    return wrap_items(items, f"{type(instance).__name__}(",
+                      width=WIDTH - 1) + ")"
+
+
 def machine_text(facts: dict | None = None) -> str:
-    """The machine facts in one line, as each page's setup prints them."""
+    """The machine facts, as each page's setup prints them: in lines of at
+    most WIDTH characters, each fact whole on one line."""
     facts = facts or machine()
     cache = facts["largest_cache_bytes"]
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
-    return (f"{facts['cpu']}, {facts['cores']} cores, "
-            f"{facts['threads']} threads by torch's default, "
-            f"largest cache {cache}, "
-            f"BLAS {facts['blas']}, kernels {facts['kernels']}")
+    return wrap_items([facts["cpu"], f"{facts['cores']} cores",
+                       f"{facts['threads']} threads by torch's default",
+                       f"largest cache {cache}", f"BLAS {facts['blas']}",
+                       f"kernels {facts['kernels']}"], "machine: ")
 
 
 def setup(seed: int = 0, threads: int = 1) -> str:
@@ -413,9 +446,10 @@ def setup(seed: int = 0, threads: int = 1) -> str:
     # imported modules never become garbage: leave them out of it
     gc.freeze()
     used = f"{threads} thread" + ("s" if threads > 1 else "")
-    return (f"torch {torch.__version__}, seed {seed}; this page computes "
-            f"on {used} (torch.set_num_threads)\n"
-            f"machine: {machine_text()}")
+    # in lines that fit the page's column, as its code does
+    return (wrap_items([f"torch {torch.__version__}", f"seed {seed}",
+                        f"{used} for this page (torch.set_num_threads)"])
+            + "\n" + machine_text())
 
 
 def use_book_style() -> None:
@@ -4200,6 +4234,15 @@ def price_model(source, accelerator: Accelerator = Accelerator(),
             "source": config.get("_source"),
             "bytes_per_number": bytes_per_number,
             "defaults": filled_in(fields), **costs}
+
+
+def every_head_its_own(config: dict) -> dict:
+    """The config with a key and a value for every query head, read again
+    through transformers' class."""
+    heads = config["num_attention_heads"]
+    # both fields: a saved config may carry the count multi_query implied
+    return read_config({**config, "multi_query": False,
+                        "num_key_value_heads": heads})
 
 # ── end of the cells saved from notebooks/08_your_model.md ──
 
