@@ -35,7 +35,9 @@ def test_show_glues_in_a_real_kernel_with_its_kind(tmp_path):
         "tx.show('count', np.int64(746496))\n"
         "tx.show('wall_ms', 1.5, kind='measured')\n"
         "import pandas as pd\n"
-        "tx.show_table('t', pd.DataFrame({'a': [1, 2]}, index=[10, 20]))")]
+        "tx.show_table('t', pd.DataFrame({'a': [1, 2]}, index=[10, 20]))\n"
+        "tx.claim('wins', 4.0, 1.5)\n"
+        "tx.phrase('words', True, 'faster than', 'slower than')")]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     NotebookClient(notebook, timeout=120, resources={"metadata": {"path": str(tmp_path)}},
                    config=execute.kernel_config()).execute()
@@ -43,6 +45,10 @@ def test_show_glues_in_a_real_kernel_with_its_kind(tmp_path):
     assert found["count"].value == 746496 and found["count"].kind == "exact"
     assert found["wall_ms"].value == 1.5 and found["wall_ms"].kind == "measured"
     assert found["t.10.a"].value == 1 and found["t.20.a"].value == 2
+    # a claim's ratio and threshold, a phrase's words: glued beside them
+    assert (found["wins"].value, found["wins"].margin) == (True, 4.0 / 1.5)
+    assert found["words"].values == ["faster than", "slower than"]
+    assert not [key for key in found if key.startswith(execute.HINT)]
 
 
 def test_the_committed_pairs_are_in_sync():

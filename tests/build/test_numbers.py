@@ -197,11 +197,11 @@ def test_the_ledger_flags_claims_near_their_threshold():
 
 
 def test_make_numbers_keeps_a_phrase_and_a_claim(tmp_path, monkeypatch):
-    monkeypatch.setattr(book, "NUMBERS", tmp_path / "numbers.toml")
+    monkeypatch.setattr(numbers, "NUMBERS", tmp_path / "numbers.toml")
     glued = {"p": {"words": Glued("faster than", "measured", None, None, None,
                                   ["faster than", "slower than"]),
                    "wins": Glued(True, "exact", None, 4.0, 1.5)}}
-    monkeypatch.setattr(book, "glued_values", lambda only=None: glued)
+    monkeypatch.setattr(numbers, "glued_values", lambda only=None: glued)
     numbers.accept_numbers()
     again = numbers.load_expected(tmp_path / "numbers.toml")
     assert again["p"]["words"]["values"] == ["faster than", "slower than"]
@@ -220,26 +220,3 @@ def test_the_build_names_the_claims_near_their_threshold():
                      "claims near their threshold: band (05_x) 1.40"]
     assert not any("WARNING" in line for line in lines)
     assert numbers.claims_near_threshold({"p": {"wide": Glued(True, "exact", None, 9.0, 1.0)}}) == []
-
-
-def test_glued_values_come_back_from_the_cache_record(tmp_path, monkeypatch):
-    """The executed copy's record keeps each glued value with its hints: the check over every
-    page reads them without opening the executed notebooks."""
-    from dataclasses import asdict
-
-    from jupyter_cache import get_cache
-    from jupyter_cache.base import CacheBundleIn
-
-    md = tmp_path / "09_page.md"
-    md.write_text(common.NOTEBOOKS.joinpath("01_costs.md").read_text(encoding="utf-8"),
-                  encoding="utf-8")
-    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path)
-    monkeypatch.setattr(book, "CACHE", tmp_path / "cache")
-    found = {"wins": Glued(True, "exact", None, 4.0, 1.5),
-             "words": Glued("faster than", "measured", values=["faster than", "slower than"]),
-             "n": Glued(746496, "exact"), "share": Glued(0.25, "close", 1e-6)}
-    get_cache(str(tmp_path / "cache")).cache_notebook_bundle(CacheBundleIn(
-        common.read_md(md, copy=True), str(md),
-        data={"glued": {key: asdict(value) for key, value in found.items()}}),
-        check_validity=False)
-    assert execute.glued_values() == {"09_page": found}

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from bookbuild import common, execute, numbers, pairs, site
-import newest
+from bookbuild import newest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -336,7 +336,7 @@ def cli() -> dict:
 def test_the_site_names_the_workflows_repository_and_by_default_the_configured_one(tmp_path, monkeypatch):
     from jupyter_book.config import get_final_config
 
-    monkeypatch.setattr(book, "SITE_CONFIG", tmp_path / "_config.site.yml")
+    monkeypatch.setattr(site, "SITE_CONFIG", tmp_path / "_config.site.yml")
     assert site.site_repository_url({}) == common.repository_url()
     assert site.site_config_option({}) == []                        # local: _config.yml as it is
     assert site.site_config_option({"GITHUB_REPOSITORY": "why-self-attention/why-self-attention"}) == []
@@ -396,7 +396,7 @@ def test_a_fork_renders_launch_buttons_that_open_the_fork(tmp_path, monkeypatch)
     write(tmp_path / "book" / "references.bib", (ROOT / "book" / "references.bib").read_text())
     write(tmp_path / "notebooks" / "01_part.md", TINY_NOTEBOOK)
     write(tmp_path / "notebooks" / "01_part.ipynb", "")   # its pair: the buttons open the .ipynb
-    monkeypatch.setattr(book, "SITE_CONFIG", tmp_path / "_build" / "_config.site.yml")
+    monkeypatch.setattr(site, "SITE_CONFIG", tmp_path / "_build" / "_config.site.yml")
     option = site.site_config_option({"GITHUB_REPOSITORY": "someone/fork"})
     done = subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(tmp_path),
                            "--builder", "html", *option], capture_output=True, text=True)
@@ -439,7 +439,7 @@ def drifted_build(expected: dict[str, dict[str, dict]]) -> tuple[dict, str]:
 def test_a_drifted_number_writes_the_table_to_the_job_summary(tmp_path, monkeypatch):
     expected = expectations()
     glued, count = drifted_build(expected)
-    monkeypatch.setattr(book, "load_expected", lambda: expected)
+    monkeypatch.setattr(numbers, "load_expected", lambda: expected)
     summary = tmp_path / "summary.md"
     summary.write_text("### an earlier step's summary\n", encoding="utf-8")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
@@ -463,7 +463,7 @@ def test_a_drifted_number_writes_the_table_to_the_job_summary(tmp_path, monkeypa
 def test_without_a_workflow_the_check_fails_as_before_and_writes_no_summary(tmp_path, monkeypatch):
     expected = expectations()
     glued, count = drifted_build(expected)
-    monkeypatch.setattr(book, "load_expected", lambda: expected)
+    monkeypatch.setattr(numbers, "load_expected", lambda: expected)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(common.BuildError) as failure:
@@ -487,7 +487,7 @@ def test_on_the_newest_releases_a_release_name_is_not_a_drift(monkeypatch):
     glued = {page: {key: execute.Glued(e["value"], e["kind"], e.get("tol"), None, e.get("threshold"),
                                     e.get("values")) for key, e in expected[page].items()}}
     glued[page]["transformers_version"].value = "5.99.0"
-    monkeypatch.setattr(book, "load_expected", lambda: expected)
+    monkeypatch.setattr(numbers, "load_expected", lambda: expected)
     monkeypatch.delenv(numbers.RELEASES, raising=False)
     with pytest.raises(common.BuildError, match="transformers_version"):
         numbers.check_numbers([page], glued=glued)
