@@ -3,7 +3,7 @@
 // {kind, text, target}, target being the id of the heading it links.
 const toc = arguments[0], placeholder = arguments[1], meta = arguments[2];
 const article = document.querySelector('article.bd-article');
-const clean = h => h.textContent.replace(/#\\s*$/, '').trim();
+const clean = h => h.textContent.replace(/#\s*$/, '').trim();
 const contents = document.createElement('nav');
 contents.id = 'print-contents';
 contents.innerHTML = '<h1>Contents</h1><ol></ol>';
