@@ -1,12 +1,12 @@
 """The book's build: `make book` and the other make targets call this.
 
-    python scripts/book.py build        everything `make book` does, in order
+    python scripts/book.py build        everything `make book` does
                                         (--fresh: execute every notebook)
     python scripts/book.py check-sync   the pairs, #@save and the code width
     python scripts/book.py sync         rewrite the .ipynb pairs and the
                                         module's saved blocks from the .md
     python scripts/book.py execute      execute the stale notebooks
-    python scripts/book.py check-numbers | numbers | ledger | exercises | html
+    python scripts/book.py check-numbers | numbers | ledger | html
     python scripts/book.py pdf | compat ... | newest ...
 
 The stages live in scripts/bookbuild/, one module each, importing only the

@@ -72,7 +72,8 @@ def build_record(columns: dict[str, tuple[dict, dict]], meta: dict) -> dict:
             record["wall_time"].setdefault(str(n), {})[where] = row
         if where != "cpu1":
             for n, row in waiting.items():
-                record["waiting_isolated"].setdefault(str(n), {})[where] = row
+                waited = record["waiting_isolated"].setdefault(str(n), {})
+                waited[where] = row
     return record
 
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default measurements/DEVICE-DATE.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        parser.error("no CUDA device on this machine: the record needs a GPU")
+        parser.error("no CUDA device here: the record needs a GPU")
     import transformers
 
     threads = torch.get_num_threads()
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                        for c in record["device"].lower()).strip("-")
         args.out = MEASUREMENTS / f"{slug}-{record['date']}.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps(record, indent=1) + "\n"
+    args.out.write_text(text, encoding="utf-8")
     print(f"{args.out}: {record['device']}, torch {record['torch']}, "
           f"{record['date']}")
     return 0

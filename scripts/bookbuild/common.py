@@ -1,4 +1,5 @@
-"""What every stage of the build shares: paths, failures, the notebooks and their parse."""
+"""What every stage of the build shares: paths, failures, the notebooks and
+their parse."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def fail(message: str) -> None:
 
 
 def rel(path: Path) -> str:
-    """A path as the messages show it: relative to the repository where it can be."""
+    """A path as the messages show it: relative to the repository where it
+    can be."""
     try:
         return str(path.relative_to(ROOT))
     except ValueError:
@@ -44,11 +46,13 @@ def book_config() -> dict:
     """_config.yml, read once for the build and the tests."""
     import yaml
 
-    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    text = (ROOT / "_config.yml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
 
 
 def repository_url() -> str:
-    """The repository named in _config.yml: the one place the Colab cell and buttons read it."""
+    """The repository named in _config.yml: the one place the Colab cell and
+    buttons read it."""
     return book_config()["repository"]["url"]
 
 
@@ -56,8 +60,9 @@ _PARSED: dict[tuple, object] = {}
 
 
 def read_md(path: Path, copy: bool = False):
-    """Read a MyST-markdown notebook with jupytext, once while the file is unchanged. The
-    notebook is shared by every caller: one that edits it asks for a `copy`."""
+    """Read a MyST-markdown notebook with jupytext, once while the file is
+    unchanged. The notebook is shared by every caller: one that edits it
+    asks for a `copy`."""
     import copy as copying
 
     import jupytext
@@ -82,8 +87,9 @@ def module_constant(name: str):
 
 
 def write_if_changed(path: Path, text: str) -> str:
-    """Write a generated page only when its text changes: Sphinx re-reads a page whose file is
-    newer than its last reading. Returns what happened, for the build's log."""
+    """Write a generated page only when its text changes: Sphinx re-reads a
+    page whose file is newer than its last reading. Returns what happened,
+    for the build's log."""
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return "unchanged"
     path.write_text(text, encoding="utf-8")

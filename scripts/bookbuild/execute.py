@@ -140,7 +140,8 @@ def run_alone(path: str, env: dict[str, str] | None = None):
             notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False,
             shutdown_kernel="immediate", config=kernel_config())
     if result.err is not None:
-        return path, result.time, result.exc_string or repr(result.err), None
+        error = result.exc_string or repr(result.err)
+        return path, result.time, error, None
     return path, result.time, None, notebook
 
 
@@ -176,9 +177,10 @@ def execute(only: list[str] | None = None,
                   + ("  FAILED" if error else ""))
             if error is not None:
                 marker = "An error occurred while executing"
-                shown = error[error.find(marker):] if marker in error else error
-                errors.append(f"notebooks/{stem}.md, "
-                              f"{failing_cell(Path(path), error)}:\n{shown}")
+                shown = error[error.find(marker):] if marker in error \
+                    else error
+                where = failing_cell(Path(path), error)
+                errors.append(f"notebooks/{stem}.md, {where}:\n{shown}")
                 continue
             cache.cache_notebook_bundle(
                 CacheBundleIn(notebook, path,
@@ -261,8 +263,8 @@ def glued_values(only: list[str] | None = None
             continue
         record = cache.get_cached_project_nb(str(path))
         if record is None:
-            fail(f"notebooks/{path.name} has no up-to-date executed copy in "
-                 f"the cache: run `make book`")
+            fail(f"notebooks/{path.name} has no up-to-date executed copy "
+                 f"in the cache: run `make book`")
         notebook = cache.get_cache_bundle(record.pk).nb
         pages[path.stem] = glued_in_notebook(notebook)
     return pages

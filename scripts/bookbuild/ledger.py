@@ -35,7 +35,8 @@ def default_meaning(key: str) -> str:
 
 
 def inline_html(text: str) -> str:
-    """Plain text as HTML, with `backticks` set as code, as MyST would set them."""
+    """Plain text as HTML, with `backticks` set as code, as MyST would set
+    them."""
     parts = html_module.escape(text).split("`")
     return "".join(f'<code class="docutils literal notranslate">{part}</code>' if i % 2 else part
                    for i, part in enumerate(parts))
@@ -47,10 +48,12 @@ LEDGER_COLUMNS = (("key", "left"), ("meaning", "left"), ("kind", "left"), ("tole
 
 
 def ledger_table(rows: list[list[str]]) -> list[str]:
-    """One page's rows as a raw HTML table, styled as the theme styles a Markdown table.
+    """One page's rows as a raw HTML table, styled as the theme styles a
+    Markdown table.
 
-    Raw HTML, not a Markdown table: Sphinx turns each of about 800 Markdown rows into a tree of
-    nodes, and that cost 4 s of every build on a 2-core machine; raw HTML passes through.
+    Raw HTML, not a Markdown table: Sphinx turns each of about 800 Markdown
+    rows into a tree of nodes, and that cost 4 s of every build on a 2-core
+    machine; raw HTML passes through.
     """
     head = "".join(f'<th class="head" style="text-align: {align}">{name}</th>'
                    for name, align in LEDGER_COLUMNS)
@@ -63,7 +66,8 @@ def ledger_table(rows: list[list[str]]) -> list[str]:
 
 
 def claims_summary(glued: dict[str, dict[str, Glued]]) -> str:
-    """How many claims this build made, and how many have a margin under 2."""
+    """How many claims this build made, and how many have a margin under 2.
+    """
     margins = [g.margin for keys in glued.values() for g in keys.values() if g.margin is not None]
     close = sum(1 for m in margins if m < 2)
     return (f"{len(margins)} claims, {close} of them with a margin under 2"
@@ -71,8 +75,8 @@ def claims_summary(glued: dict[str, dict[str, Glued]]) -> str:
 
 
 def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> str:
-    """The ledger page: every checked number, its meaning, kind, tolerance, published value, build value,
-    status."""
+    """The ledger page: every checked number, its meaning, kind, tolerance,
+    published value, build value, status."""
     problems = {(p.page, p.key): p.reason for p in compare(expected, glued)}
     lines = [
         "# The ledger",
@@ -115,7 +119,8 @@ def ledger_text(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str,
 
 
 def write_ledger(glued: dict | None = None) -> None:
-    """Write book/ledger.md for this build (from `glued`, if the caller has read it already)."""
+    """Write book/ledger.md for this build (from `glued`, if the caller has
+    read it already)."""
     glued = glued if glued is not None else glued_values()
     print(f"ledger: {rel(LEDGER)} {write_if_changed(LEDGER, ledger_text(load_expected(), glued))}")
 
@@ -141,8 +146,8 @@ def questions(md: Path) -> dict[str, str]:
 
 
 def page_title(md: Path) -> str:
-    """A notebook's title: its first heading outside code cells (a `# ` line in a code cell is a
-    comment, such as the Colab cell's first line)."""
+    """A notebook's title: its first heading outside code cells (a `# ` line
+    in a code cell is a comment, such as the Colab cell's first line)."""
     for cell in read_md(md).cells:
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():

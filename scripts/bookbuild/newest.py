@@ -1,24 +1,30 @@
-"""`make newest`: .venv with the newest releases pip allows, not the pins (the weekly workflow).
+"""`make newest`: .venv with the newest releases pip allows, not the pins
+(the weekly workflow).
 
     python3 scripts/newest.py --venv .venv --stamp .venv/.pins    what `make newest` runs
     python3 scripts/newest.py --dry-run                           print the pip commands only
 
 1. A new virtual environment (the old one is removed).
-2. torch: the newest CPU build, from PyTorch's CPU index ($TORCH_INDEX_URL to use another).
-3. Every package that requirements.txt names, without its pin but within the range that
+2. torch: the newest CPU build, from PyTorch's CPU index ($TORCH_INDEX_URL
+   to use another).
+3. Every package that requirements.txt names, without its pin but within the
+   range that
    pyproject.toml declares for it (its dependencies and its `book` extra: the major versions the
    book is written for, Jupyter Book 1 among them), then requirements-nodeps.txt's the same way
    without dependencies, then the book's helpers (editable), as `make env` installs them.
-4. The versions it installed, beside the pins, printed and, in a GitHub Actions job, appended to
+4. The versions it installed, beside the pins, printed and, in a GitHub
+   Actions job, appended to
    the job summary (GITHUB_STEP_SUMMARY): a changed release is in bold. A newer major release
    outside a declared range is named there, not installed; it does not fail the build.
-5. The stamp that `make env` keeps (.venv/.pins), written last: it is newer than the pins, so
+5. The stamp that `make env` keeps (.venv/.pins), written last: it is newer
+   than the pins, so
    `make book` and `make test` use this environment as it is. It lists the installed versions,
    not the pins, so a later change of requirements*.txt makes `make env` rebuild from the pins.
 
-Then `WHY_SELF_ATTENTION_RELEASES=newest make book` (the weekly workflow sets the variable): the
-keys that name the transformers release a page ran on are checked to be a version string, not
-the pin, as in `make compat`; every other number is checked as always.
+Then `WHY_SELF_ATTENTION_RELEASES=newest make book` (the weekly workflow
+sets the variable): the keys that name the transformers release a page ran
+on are checked to be a version string, not the pin, as in `make compat`;
+every other number is checked as always.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "requirements.txt"
 NODEPS = ROOT / "requirements-nodeps.txt"
 TORCH_INDEX = os.environ.get("TORCH_INDEX_URL") or "https://download.pytorch.org/whl/cpu"
-#: A requirement line: its name (with extras), then a version specifier, a marker or nothing.
+#: A requirement line: its name (with extras), then a version specifier, a
+#: marker or nothing.
 REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?)")
 
 
@@ -47,7 +54,8 @@ def canonical(name: str) -> str:
 
 
 def pins(path: Path) -> dict[str, str]:
-    """{name: pinned version} of a requirements file (its `name==version` lines)."""
+    """{name: pinned version} of a requirements file (its `name==version`
+    lines)."""
     found = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         match = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;#]+)", line)
@@ -57,7 +65,8 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def unpinned(path: Path) -> list[str]:
-    """The packages a requirements file names, without their versions (extras kept)."""
+    """The packages a requirements file names, without their versions
+    (extras kept)."""
     names = []
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0]
@@ -68,8 +77,9 @@ def unpinned(path: Path) -> list[str]:
 
 
 def declared_ranges(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
-    """{name: version range} that pyproject.toml declares, in its dependencies and its extras,
-    for instance {"jupyter-book": ">=1,<2"}; a package it names without a range is left out."""
+    """{name: version range} that pyproject.toml declares, in its
+    dependencies and its extras, for instance {"jupyter-book": ">=1,<2"}; a
+    package it names without a range is left out."""
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     lines = project["dependencies"] + sum(project.get("optional-dependencies", {}).values(), [])
     ranges = {}
@@ -81,7 +91,8 @@ def declared_ranges(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]
 
 
 def within(name: str, ranges: dict[str, str]) -> str:
-    """A requirement for the newest release of `name` within its declared range."""
+    """A requirement for the newest release of `name` within its declared
+    range."""
     return name + ranges.get(canonical(name), "")
 
 
@@ -104,7 +115,8 @@ def upper_major(spec: str) -> int | None:
 
 
 def newest_release(python: str, name: str) -> str | None:
-    """The newest release of a package on the package index (pip's own `index versions`)."""
+    """The newest release of a package on the package index (pip's own
+    `index versions`)."""
     index = ["--index-url", TORCH_INDEX] if canonical(name) == "torch" else []
     listed = subprocess.run([python, "-m", "pip", "index", "versions", name, *index],
                             capture_output=True, text=True).stdout
@@ -113,8 +125,9 @@ def newest_release(python: str, name: str) -> str | None:
 
 
 def outside_ranges(ranges: dict[str, str], newest) -> list[str]:
-    """`name version (declared range)` for each package whose newest release is a major version
-    that its declared range leaves out. `newest(name)` gives that release, or None if unknown."""
+    """`name version (declared range)` for each package whose newest release
+    is a major version that its declared range leaves out. `newest(name)`
+    gives that release, or None if unknown."""
     found = []
     for name, spec in sorted(ranges.items()):
         limit = upper_major(spec)
@@ -132,12 +145,14 @@ def installed(python: str) -> dict[str, str]:
 
 
 def same_release(pin: str, have: str | None) -> bool:
-    """Is an installed version the pinned release? A local label (2.13.0+cpu) is the same release."""
+    """Is an installed version the pinned release? A local label
+    (2.13.0+cpu) is the same release."""
     return have is not None and have.split("+")[0] == pin.split("+")[0]
 
 
 def versions_table(pinned: dict[str, str], ran: dict[str, str]) -> str:
-    """Markdown: each pinned package, its pin, and the release this build ran (bold if new)."""
+    """Markdown: each pinned package, its pin, and the release this build
+    ran (bold if new)."""
     lines = ["| package | pinned | ran |", "| --- | --- | --- |"]
     for name in sorted(pinned):
         have = ran.get(name, "not installed")
@@ -147,14 +162,16 @@ def versions_table(pinned: dict[str, str], ran: dict[str, str]) -> str:
 
 
 def changed(pinned: dict[str, str], ran: dict[str, str]) -> list[str]:
-    """`name pin → version` for each package whose release differs from its pin."""
+    """`name pin → version` for each package whose release differs from its
+    pin."""
     return [f"{name} {pin} → {ran.get(name, 'not installed')}"
             for name, pin in sorted(pinned.items()) if not same_release(pin, ran.get(name))]
 
 
 def report(pinned: dict[str, str], ran: dict[str, str], summary: str | None,
            outside: list[str] = ()) -> str:
-    """The versions as text; appended to the job summary where one is given."""
+    """The versions as text; appended to the job summary where one is given.
+    """
     differ = changed(pinned, ran)
     text = ("### The newest releases within the declared ranges, not the pins\n\n"
             f"torch from {TORCH_INDEX}. {len(differ)} of {len(pinned)} pinned packages ran "
@@ -169,8 +186,9 @@ def report(pinned: dict[str, str], ran: dict[str, str], summary: str | None,
 
 
 def write_stamp(stamp: Path, ran: dict[str, str]) -> None:
-    """The stamp `make env` keeps, newer than the pins: the versions installed, not the pins (so
-    that a change of the pins, when it makes `make env` look, never matches it)."""
+    """The stamp `make env` keeps, newer than the pins: the versions
+    installed, not the pins (so that a change of the pins, when it makes
+    `make env` look, never matches it)."""
     stamp.write_text("# the newest releases (make newest), not the pins\n"
                      + "".join(f"{name}=={version}\n" for name, version in sorted(ran.items())),
                      encoding="utf-8")

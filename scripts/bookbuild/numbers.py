@@ -16,12 +16,14 @@ from pathlib import Path
 from bookbuild.common import NUMBERS, fail, module_constant
 from bookbuild.execute import Glued, glued_values
 
-KINDS = module_constant("KINDS")     # exact, close, seeded, measured, recorded
+# exact, close, seeded, measured, recorded
+KINDS = module_constant("KINDS")
 #: relative tolerance where numbers.toml gives none
 DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}
 
 def load_expected(path: Path = NUMBERS) -> dict[str, dict[str, dict]]:
-    """numbers.toml: {page: {key: {kind, value, tol?, published?, meaning?}}}."""
+    """numbers.toml: {page: {key: {kind, value, tol?, published?,
+    meaning?}}}."""
     if not path.exists():
         return {}
     data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -52,7 +54,8 @@ def toml_key(key: str) -> str:
 
 
 def dump_expected(data: dict[str, dict[str, dict]]) -> str:
-    """numbers.toml as text: one line per key, pages in order, keys in the order glued."""
+    """numbers.toml as text: one line per key, pages in order, keys in the
+    order glued."""
     lines = [
         "# The expected value of every number the book glues: one line per key, one table per page.",
         "# kind: exact (counts) | close (floats, relative tol) | seeded (random but seeded, tol)",
@@ -91,13 +94,15 @@ class Problem:
 
 
 def significant(text: str) -> int:
-    """Significant digits written in a published number, e.g. '0.133' → 3, '3.28e-05' → 3."""
+    """Significant digits written in a published number, e.g. '0.133' → 3,
+    '3.28e-05' → 3."""
     mantissa = text.lower().split("e")[0].replace("-", "").replace(".", "").lstrip("0")
     return max(1, len(mantissa.rstrip("0")) if "." not in text else len(mantissa))
 
 
 def agrees_with_published(value, published) -> bool:
-    """Does the built value, rounded as the companion article rounds it, give the printed number?"""
+    """Does the built value, rounded as the companion article rounds it,
+    give the printed number?"""
     if isinstance(published, (bool, str)) or isinstance(value, (bool, str)):
         return value == published
     if isinstance(published, int) and isinstance(value, int):
@@ -113,28 +118,33 @@ def is_number(value) -> bool:
 
 
 def claim_margin(glued: Glued | None) -> str:
-    """A claim's ratio and threshold as the drift table and the ledger show them."""
+    """A claim's ratio and threshold as the drift table and the ledger show
+    them."""
     if glued is None or glued.margin is None:
         return ""
     return f"{glued.ratio:.3g} / {glued.threshold:.3g} = {glued.margin:.2f}"
 
 
-#: Which releases the build runs on: unset (or "pinned") for the pins; "newest" in the weekly
-#: workflow (`make newest`); `make compat` sets "lowest" or "colab" in its own environments.
+#: Which releases the build runs on: unset (or "pinned") for the pins;
+#: "newest" in the weekly workflow (`make newest`); `make compat` sets
+#: "lowest" or "colab" in its own environments.
 RELEASES = "WHY_SELF_ATTENTION_RELEASES"
-#: Glued keys that name the torch or transformers release a page ran on ("in transformers
-#: 5.24.0"). Off the pins they differ by design: each must be a version string, not the pin.
+#: Glued keys that name the torch or transformers release a page ran on ("in
+#: transformers 5.24.0"). Off the pins they differ by design: each must be a
+#: version string, not the pin.
 RELEASE_KEY = re.compile(r"(^|_)(transformers|torch)_version$")
 
 
 def on_the_pins(environ=None) -> bool:
-    """Does this build run on the pinned releases (WHY_SELF_ATTENTION_RELEASES unset)?"""
+    """Does this build run on the pinned releases
+    (WHY_SELF_ATTENTION_RELEASES unset)?"""
     return (os.environ if environ is None else environ).get(RELEASES, "pinned") == "pinned"
 
 
 def compare_one(page: str, key: str, entry: dict, value, glued: Glued | None = None) -> Problem | None:
-    """Check one glued value against its expectation. Off the pins, a release name is checked to
-    be a version string, not compared (every caller, the build's, the tests' and compat's)."""
+    """Check one glued value against its expectation. Off the pins, a
+    release name is checked to be a version string, not compared (every
+    caller, the build's, the tests' and compat's)."""
     kind, expected = entry["kind"], entry.get("value")
     problem = lambda reason: Problem(page, key, kind, expected, value, reason,  # noqa: E731
                                      claim_margin(glued))
@@ -171,7 +181,8 @@ def compare_one(page: str, key: str, entry: dict, value, glued: Glued | None = N
 
 
 def compare(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> list[Problem]:
-    """Every drift, every missing key, every glued key without an expectation."""
+    """Every drift, every missing key, every glued key without an
+    expectation."""
     problems = []
     for page in sorted(set(expected) | set(glued)):
         want, have = expected.get(page, {}), glued.get(page)
@@ -218,14 +229,16 @@ def problem_table(problems: list[Problem]) -> str:
 
 
 def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> None:
-    """Compare the build's glued values with numbers.toml; fail with a table of every problem."""
+    """Compare the build's glued values with numbers.toml; fail with a table
+    of every problem."""
     expected, glued = load_expected(), glued if glued is not None else glued_values(only)
     if only:
         expected = {page: keys for page, keys in expected.items() if page in only}
     problems = compare(expected, glued)
     total = sum(len(keys) for keys in glued.values())
     if problems:
-        write_step_summary(problems, total)     # in a workflow: the same table in the job summary
+        # in a workflow: the same table in the job summary
+        write_step_summary(problems, total)
         fail(f"number check: {len(problems)} problem(s) in {total} glued values\n"
              f"{problem_table(problems)}\n"
              f"If a change is on purpose, run `make numbers`, read the diff, and say so in the commit.")
@@ -236,7 +249,8 @@ def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> N
 
 
 def accept_numbers(only: list[str] | None = None) -> None:
-    """Write the build's glued values into numbers.toml, keeping kinds, published values and meanings."""
+    """Write the build's glued values into numbers.toml, keeping kinds,
+    published values and meanings."""
     old = load_expected()
     new: dict[str, dict[str, dict]] = {page: keys for page, keys in old.items()
                                        if only and page not in only}
@@ -248,9 +262,11 @@ def accept_numbers(only: list[str] | None = None) -> None:
             if glued.tol is not None and "tol" not in entry:
                 entry["tol"] = glued.tol
             if glued.values is not None:
-                entry["values"] = list(glued.values)      # a phrase: the words it may take
+                # a phrase: the words it may take
+                entry["values"] = list(glued.values)
             if glued.threshold is not None:
-                entry["threshold"] = glued.threshold      # a claim: the threshold it must exceed
+                # a claim: the threshold it must exceed
+                entry["threshold"] = glued.threshold
             entry["value"] = glued.value
             new[page][key] = entry
     before = NUMBERS.read_text(encoding="utf-8") if NUMBERS.exists() else ""
@@ -264,12 +280,14 @@ def accept_numbers(only: list[str] | None = None) -> None:
 
 
 def markdown_cell(text: str) -> str:
-    """Text for one cell of a Markdown table: no bar or line break can end the cell early."""
+    """Text for one cell of a Markdown table: no bar or line break can end
+    the cell early."""
     return " ".join(str(text).split()).replace("|", "\\|") or " "
 
 
 def markdown_problem_table(problems: list[Problem]) -> str:
-    """The drift table as GitHub-flavoured Markdown: the same columns as problem_table."""
+    """The drift table as GitHub-flavoured Markdown: the same columns as
+    problem_table."""
     rows = [("page", "key", "kind", "expected", "got", "ratio / threshold", "what"),
             ("---",) * 7]
     rows += [(p.page, f"`{p.key}`", p.kind, fmt(p.expected), fmt(p.got), p.margin or "—", p.reason)
@@ -279,9 +297,9 @@ def markdown_problem_table(problems: list[Problem]) -> str:
 
 
 def write_step_summary(problems: list[Problem], total: int, environ=None) -> None:
-    """In a GitHub Actions job (GITHUB_STEP_SUMMARY is set): append the drift table to the job's
-    summary, so the failure reads on the run's page. Elsewhere: nothing (the terminal has the
-    table already)."""
+    """In a GitHub Actions job (GITHUB_STEP_SUMMARY is set): append the
+    drift table to the job's summary, so the failure reads on the run's
+    page. Elsewhere: nothing (the terminal has the table already)."""
     environ = os.environ if environ is None else environ
     summary = environ.get("GITHUB_STEP_SUMMARY")
     if not summary:
@@ -295,8 +313,9 @@ def write_step_summary(problems: list[Problem], total: int, environ=None) -> Non
 
 
 def claims_near_threshold(glued: dict[str, dict[str, Glued]]) -> list[str]:
-    """One line per claim whose margin (ratio ÷ threshold) is under 2, smallest margin first: the
-    claims that another machine may flip. Not a warning: the check passed; a maintainer reads it."""
+    """One line per claim whose margin (ratio ÷ threshold) is under 2,
+    smallest margin first: the claims that another machine may flip. Not a
+    warning: the check passed; a maintainer reads it."""
     close = sorted((g.margin, key, page) for page, keys in glued.items()
                    for key, g in keys.items() if g.margin is not None and g.margin < 2)
     return [f"claims near their threshold: {key} ({page}) {margin:.2f}"

@@ -20,7 +20,8 @@ from bookbuild.common import (
     write_if_changed,
 )
 
-#: The first cell of every notebook, hidden in the book. The repository is named in _config.yml.
+#: The first cell of every notebook, hidden in the book. The repository is
+#: named in _config.yml.
 COLAB_CELL = """\
 # Colab only: install the book's helpers and libraries. Elsewhere this cell does nothing.
 import sys
@@ -36,10 +37,9 @@ def colab_cell() -> str:
     return COLAB_CELL.format(repository=repository_url())
 
 
-#: Notebooks parsed in this process, by (path, modification time, size): every step of the build
-
 def ipynb_text(md_path: Path) -> str:
-    """The .ipynb that pairs with a .md: same cells, no outputs, as jupytext writes it."""
+    """The .ipynb that pairs with a .md: same cells, no outputs, as jupytext
+    writes it."""
     import jupytext
 
     notebook = read_md(md_path, copy=True)
@@ -49,7 +49,8 @@ def ipynb_text(md_path: Path) -> str:
             cell.outputs, cell.execution_count = [], None
         digest = hashlib.sha1(cell.source.encode("utf-8")).hexdigest()[:8]
         seen[digest] = seen.get(digest, 0) + 1
-        cell.id = f"{digest}-{seen[digest]}"        # stable ids: no churn in git on re-sync
+        # stable ids: no churn in git on re-sync
+        cell.id = f"{digest}-{seen[digest]}"
     return jupytext.writes(notebook, fmt="ipynb")
 
 
@@ -59,7 +60,8 @@ def first_code_cell(notebook):
 
 
 def check_sync() -> None:
-    """Every .md has an .ipynb with the same cells and no outputs, and starts with the Colab cell."""
+    """Every .md has an .ipynb with the same cells and no outputs, and
+    starts with the Colab cell."""
     import nbformat
 
     problems = []
@@ -79,7 +81,8 @@ def check_sync() -> None:
             continue
         text, want_text = ipynb.read_text(encoding="utf-8"), ipynb_text(md)
         if text == want_text:
-            continue                   # exactly what `make sync` writes: no need to look closer
+            # exactly what `make sync` writes: no need to look closer
+            continue
         committed = nbformat.reads(text, as_version=4)
         for index, cell in enumerate(committed.cells):
             if cell.cell_type == "code" and (cell.outputs or cell.execution_count):
@@ -101,16 +104,18 @@ def check_sync() -> None:
     check_width()
 
 
-#: The widest code line a reader sees without a sideways scroll bar (the site's column at a
-#: 1,280 px window). Saved cells are copied into tx_part4.py unchanged: the module keeps it too.
+#: The widest code line a reader sees without a sideways scroll bar (the
+#: site's column at a 1,280 px window). Saved cells are copied into
+#: tx_part4.py unchanged: the module keeps it too.
 CODE_WIDTH = 76
-#: Tags of the cells a reader never sees: exempt. `hide-input` cells count (readers expand them).
+#: Tags of the cells a reader never sees: exempt. `hide-input` cells count
+#: (readers expand them).
 UNSEEN = {"remove-cell", "remove-input"}
 
 
 def wide_lines(md: Path, width: int = CODE_WIDTH) -> list[str]:
-    """Every line wider than `width` in a code cell a reader can see: the page, the line in the
-    .md and its length."""
+    """Every line wider than `width` in a code cell a reader can see: the
+    page, the line in the .md and its length."""
     text = md.read_text(encoding="utf-8")
     found, at = [], 0
     for cell in read_md(md).cells:
@@ -131,7 +136,8 @@ def wide_lines(md: Path, width: int = CODE_WIDTH) -> list[str]:
 
 
 def check_width() -> None:
-    """No code line a reader can see is wider than the page (CODE_WIDTH characters)."""
+    """No code line a reader can see is wider than the page (CODE_WIDTH
+    characters)."""
     problems = [line for md in notebook_sources() for line in wide_lines(md)]
     if problems:
         fail(f"{len(problems)} visible code line(s) wider than {CODE_WIDTH} characters: put a "
@@ -141,7 +147,8 @@ def check_width() -> None:
 
 
 def sync() -> None:
-    """Take a newer .ipynb's edits into its .md, put the Colab cell first, rewrite the .ipynb."""
+    """Take a newer .ipynb's edits into its .md, put the Colab cell first,
+    rewrite the .ipynb."""
     import jupytext
     from nbformat.v4 import new_code_cell
 
@@ -160,7 +167,8 @@ def sync() -> None:
             notebook.cells[notebook.cells.index(cell)] = colab
         else:
             notebook.cells.insert(0, colab)
-        # Only what changes is written: Sphinx reads a page again when its file is newer.
+        # Only what changes is written: Sphinx reads a page again when its
+        # file is newer.
         written = write_if_changed(md, jupytext.writes(notebook, fmt="md:myst"))
         written = write_if_changed(ipynb, ipynb_text(md)) == "written" or written == "written"
         print(f"{rel(md)} -> {ipynb.name}{'' if written else ': unchanged'}")
@@ -170,7 +178,8 @@ def sync() -> None:
 # ── saved cells: one source for a notebook's mechanisms and the module ─────────────────────
 
 SAVE_MARK = "#@save"                                  # d2l's mark: the first line of a saved cell
-#: Top-level statements a saved cell may hold: definitions only, nothing that runs or prints.
+#: Top-level statements a saved cell may hold: definitions only, nothing
+#: that runs or prints.
 SAVABLE = (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
@@ -185,7 +194,8 @@ def block_end(page: str) -> str:
 
 
 def saved_cells(md: Path) -> list[str]:
-    """The code cells of a notebook marked #@save, without the mark; each may only define things."""
+    """The code cells of a notebook marked #@save, without the mark; each
+    may only define things."""
     cells = []
     for cell in read_md(md).cells:
         lines = cell.source.splitlines()
@@ -207,7 +217,8 @@ def saved_cells(md: Path) -> list[str]:
 
 
 def saved_block(md: Path) -> str | None:
-    """The block tx_part4.py must hold for a notebook, or None if it saves nothing."""
+    """The block tx_part4.py must hold for a notebook, or None if it saves
+    nothing."""
     cells = saved_cells(md)
     if not cells:
         return None
@@ -223,7 +234,8 @@ def module_blocks(text: str) -> dict[str, str]:
 
 
 def definitions(code: str) -> dict[str, str]:
-    """Each top-level name a block defines, with its source (a block that does not parse: {})."""
+    """Each top-level name a block defines, with its source (a block that
+    does not parse: {})."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
@@ -239,16 +251,19 @@ def definitions(code: str) -> dict[str, str]:
 
 
 def same_body(want: str | None, have: str | None) -> bool:
-    """Two copies of a block that differ only in the wording of their first line (an older
-    `make sync` wrote a longer one; the next `make sync` rewrites it)."""
+    """Two copies of a block that differ only in the wording of their first
+    line (an older `make sync` wrote a longer one; the next `make sync`
+    rewrites it)."""
     return bool(want and have) and want.split("\n", 1)[1:] == have.split("\n", 1)[1:]
 
 
 def check_saved(module: Path = MODULE) -> None:
-    """Every notebook's saved cells stand, character for character, in tx_part4.py.
+    """Every notebook's saved cells stand, character for character, in
+    tx_part4.py.
 
-    Fails naming each function or class that differs: the cell a reader edits and the module
-    the later parts import must never silently disagree."""
+    Fails naming each function or class that differs: the cell a reader
+    edits and the module the later parts import must never silently
+    disagree."""
     text = module.read_text(encoding="utf-8")
     blocks = module_blocks(text)
     problems = [f"{rel(module)} holds {count} blocks for notebooks/{page}.md: keep one"
@@ -278,8 +293,8 @@ def check_saved(module: Path = MODULE) -> None:
 
 
 def sync_saved(module: Path = MODULE) -> None:
-    """Write each notebook's saved cells into its block of tx_part4.py (a new block goes before
-    the command line section)."""
+    """Write each notebook's saved cells into its block of tx_part4.py (a
+    new block goes before the command line section)."""
     text = module.read_text(encoding="utf-8")
     blocks = module_blocks(text)
     for md in notebook_sources():

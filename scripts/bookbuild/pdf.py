@@ -1,19 +1,24 @@
-"""The book as one PDF, printed by headless Chromium from the notebooks `make book` executed.
+"""The book as one PDF, printed by headless Chromium from the notebooks
+`make book` executed.
 
     python scripts/book.py pdf           render a single-page build, print it, copy it into the site
 
-1. Render `_build/singlehtml` with Jupyter Book's `singlehtml` builder from the jupyter-cache that
+1. Render `_build/singlehtml` with Jupyter Book's `singlehtml` builder from
+   the jupyter-cache that
    `make book` filled. Nothing is executed again: the cache must hold an up-to-date copy of every
    notebook (checked first, as for the site). Every dropdown (a solution, an aside) prints open
    (pdf_assets/print.css).
-2. Open it in headless Chromium (Debian's chromium + chromium-driver, as the site tests), served
+2. Open it in headless Chromium (Debian's chromium + chromium-driver, as the
+   site tests), served
    on 127.0.0.1 with every other host unreachable; wait for MathJax to typeset every formula and
    for the fonts and images to load.
-3. Add a title page and a contents list (every page in _toc.yml order, with its sections), print
+3. Add a title page and a contents list (every page in _toc.yml order, with
+   its sections), print
    once to find the page each entry starts on, write those numbers in, and print again (the two
    prints paginate alike: a number only replaces a placeholder of the same width).
    `Page.printToPDF` puts the title in the header and "page / pages" in the footer.
-4. Add bookmarks that follow the contents; write `_build/pdf/why-self-attention.pdf` and copy it
+4. Add bookmarks that follow the contents; write
+   `_build/pdf/why-self-attention.pdf` and copy it
    to `_build/html/`, where the intro links it.
 
 Every failure stops with one line that says what to run.
@@ -40,22 +45,27 @@ ASSETS = Path(__file__).with_name("pdf_assets")
 SINGLE = BUILD / "singlehtml"
 PDF_NAME = "why-self-attention.pdf"
 PDF = BUILD / "pdf" / PDF_NAME
-SITE_COPY = BUILD / "html" / PDF_NAME          # the intro page links it: ../why-self-attention.pdf
-ROOT_PAGE = "book/intro.html"                  # Sphinx writes the single page as the root document
+# the intro page links it: ../why-self-attention.pdf
+SITE_COPY = BUILD / "html" / PDF_NAME
+# Sphinx writes the single page as the root document
+ROOT_PAGE = "book/intro.html"
 ENTRY = "print.html"                           # ... whose links are relative to the build's top
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-#: Headless Chromium as the book drives it here and in the browser test: nothing leaves the machine
-#: (every host but ours fails at once, without a DNS wait). Add a --window-size.
+#: Headless Chromium as the book drives it here and in the browser test:
+#: nothing leaves the machine (every host but ours fails at once, without a
+#: DNS wait). Add a --window-size.
 BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
 FLAGS = BROWSER_FLAGS + ["--window-size=1100,900"]
 LOAD_TIMEOUT = 120       # seconds for the page, its images and MathJax's typesetting
 A4 = (8.27, 11.69)       # inches
-PLACEHOLDER = "000"      # a page number before the first print: as wide as any real one
+# a page number before the first print: as wide as any real one
+PLACEHOLDER = "000"
 
-#: The page header and footer of every printed page (Chromium fills the classes in).
+#: The page header and footer of every printed page (Chromium fills the
+#: classes in).
 HEADER = ('<div style="font: 8px sans-serif; color: #555; width: 100%; margin: 0 14mm; '
           'text-align: right;"><span class="title"></span></div>')
 FOOTER = ('<div style="font: 8px sans-serif; color: #555; width: 100%; text-align: center;">'
@@ -123,7 +133,8 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 class Server:
-    """Serve a folder on 127.0.0.1 at a free port, in a thread, until stopped."""
+    """Serve a folder on 127.0.0.1 at a free port, in a thread, until
+    stopped."""
 
     def __init__(self, folder: Path):
         handler = functools.partial(QuietHandler, directory=str(folder))
@@ -142,7 +153,8 @@ class Server:
 
 
 def browser():
-    """Headless Chromium through Debian's chromedriver, with a fresh profile (and its folder)."""
+    """Headless Chromium through Debian's chromedriver, with a fresh profile
+    (and its folder)."""
     missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).exists()]
     if missing:
         fail(f"no {' or '.join(missing)}: install Debian's chromium and chromium-driver "
@@ -162,11 +174,13 @@ def browser():
 
 
 def contents_entries() -> list[tuple[str, str | None, str | None]]:
-    """_toc.yml as (kind, title, docname): the root page, then each part's caption and chapters."""
+    """_toc.yml as (kind, title, docname): the root page, then each part's
+    caption and chapters."""
     import yaml
 
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    entries = [("chapter", None, None)]                      # the root page: the intro
+    # the root page: the intro
+    entries = [("chapter", None, None)]
     for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
         if part.get("caption"):
             entries.append(("part", part["caption"], None))
@@ -187,7 +201,8 @@ def book_meta() -> dict[str, str]:
 
 
 def prepare(driver, url: str) -> dict:
-    """Open the single page, wait for MathJax, dress it for print; fail on anything missing."""
+    """Open the single page, wait for MathJax, dress it for print; fail on
+    anything missing."""
     driver.get(url)
     state = driver.execute_async_script(asset("wait.js"), LOAD_TIMEOUT * 1000)
     if state.get("error"):
@@ -205,8 +220,9 @@ def prepare(driver, url: str) -> dict:
 
 
 def print_pdf(driver) -> bytes:
-    """Print the page: A4, header and footer, background colours. Untagged: a tagged PDF is
-    2.7 times the size and twice as slow to read back; the bookmarks are added afterwards."""
+    """Print the page: A4, header and footer, background colours. Untagged:
+    a tagged PDF is 2.7 times the size and twice as slow to read back; the
+    bookmarks are added afterwards."""
     options = {"paperWidth": A4[0], "paperHeight": A4[1], "marginTop": 0.6, "marginBottom": 0.6,
                "marginLeft": 0.6, "marginRight": 0.6, "printBackground": True,
                "displayHeaderFooter": True, "headerTemplate": HEADER, "footerTemplate": FOOTER,
@@ -218,12 +234,14 @@ def print_pdf(driver) -> bytes:
 
 
 def link_pages(pdf: bytes) -> dict[str, int]:
-    """Where each internal link of the PDF leads: {named destination: page number from 1}."""
+    """Where each internal link of the PDF leads: {named destination: page
+    number from 1}."""
     import logging
 
     from pypdf import PdfReader
 
-    # Chromium's trailer undercounts its objects; pypdf says so and reads the file correctly.
+    # Chromium's trailer undercounts its objects; pypdf says so and reads
+    # the file correctly.
     logging.getLogger("pypdf").setLevel(logging.ERROR)
 
     reader = PdfReader(io.BytesIO(pdf))
@@ -232,7 +250,8 @@ def link_pages(pdf: bytes) -> dict[str, int]:
 
 
 def fill_page_numbers(driver, pages: dict[str, int]) -> list[str]:
-    """Write each contents entry's page number in; the entries whose target has no page."""
+    """Write each contents entry's page number in; the entries whose target
+    has no page."""
     return driver.execute_script("""
         const pages = arguments[0], missing = [];
         for (const span of document.querySelectorAll('#print-contents .page')) {
@@ -244,7 +263,8 @@ def fill_page_numbers(driver, pages: dict[str, int]) -> list[str]:
 
 
 def finish(pdf: bytes, entries: list[dict], pages: dict[str, int]) -> bytes:
-    """The printed PDF with bookmarks that follow the contents, and the book's metadata."""
+    """The printed PDF with bookmarks that follow the contents, and the
+    book's metadata."""
     from pypdf import PdfReader, PdfWriter
 
     writer = PdfWriter(clone_from=PdfReader(io.BytesIO(pdf)))
@@ -254,7 +274,8 @@ def finish(pdf: bytes, entries: list[dict], pages: dict[str, int]) -> bytes:
     writer.add_outline_item(title="Contents", page_number=1)
     part = chapter = None
     for item in entries:
-        if item["kind"] == "part":           # a caption: it opens where its first chapter does
+        # a caption: it opens where its first chapter does
+        if item["kind"] == "part":
             following = entries[entries.index(item) + 1:]
             first = next((e for e in following if e["target"]), None)
             part = (writer.add_outline_item(title=item["text"],

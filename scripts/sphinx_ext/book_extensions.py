@@ -41,7 +41,8 @@ def depart_citation(self, node) -> None:
 
 
 def unique_scripts(app, pagename, templatename, context, doctree) -> None:
-    """Keep the first of each script (same file or body, same attributes)."""
+    """Keep the first of each script (same file or body, same attributes).
+    """
     seen, kept = set(), []
     for script in context.get("script_files", []):
         # the repeat has filename '' where the first has None: compare text

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bookbuild import compat
 import tx_part4 as tx
+from bookbuild import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 

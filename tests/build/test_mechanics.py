@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from bookbuild import common, execute, pairs
 import tx_part4 as tx
+from bookbuild import common, execute, pairs
 
 
 @pytest.mark.parametrize("value,expected,kind", [

@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bookbuild import common, execute, numbers, pairs, site
-from bookbuild import newest
+from bookbuild import common, execute, newest, numbers, pairs, site
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 
-import gpu_record  # scripts/ is on the path (tests/conftest.py)
 import pytest
+
+import gpu_record  # scripts/ is on the path (tests/conftest.py)
 import tx_part4 as tx
 
 

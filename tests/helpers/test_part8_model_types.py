@@ -13,7 +13,9 @@ import tx_part4 as tx
 
 def price_every_type() -> dict[str, object]:
     """model_type → the rows of price_layers, or the exception that stopped it."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    )
 
     answers = {}
     for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from bookbuild import common, execute, pdf
 import sitekit
+from bookbuild import common, execute, pdf
 from sitekit import HTML, ROOT
 
 PDF = pdf.PDF

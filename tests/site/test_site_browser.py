@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from bookbuild import common, execute
 import sitekit
+from bookbuild import common, execute
 from bookbuild.pdf import BROWSER_FLAGS, CHROMEDRIVER, CHROMIUM, Server  # noqa: E402  (one browser set-up for the book)
 from sitekit import HTML, ROOT, SCREENSHOTS
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bookbuild import common, ledger
 import sitekit
+from bookbuild import common, ledger
 
 PAGES = [md.stem for md in common.notebook_sources() if ledger.exercises(md)]
 
