@@ -97,13 +97,17 @@ def fresh_requested(fresh: bool = False) -> bool:
     return fresh or flag
 
 
-def open_cache(fresh: bool = False):
+def open_cache(fresh: bool = False, read_only: bool = False):
     """The cache, emptied when asked or when the stamp changed, with every
-    notebook in its project."""
+    notebook in its project. `read_only` (the render, the number check):
+    a changed stamp fails instead, the cache left as it is."""
     from jupyter_cache import get_cache
 
     digest = inputs_digest()
     old = STAMP.read_text(encoding="utf-8") if STAMP.exists() else None
+    if read_only and old != digest:
+        fail("the module, a config, a record, a pin or a version changed "
+             "since the notebooks ran: run `make book`")
     if fresh or old != digest:
         shutil.rmtree(CACHE, ignore_errors=True)
         if old is not None and not fresh:
@@ -127,11 +131,12 @@ def run_alone(path: str, env: dict[str, str] | None = None):
     """Execute one notebook (.md or .ipynb) as a learner runs it: in an
     empty folder, offline, with this project's kernel and `env` in its
     environment. Returns (path, seconds, error or None, notebook)."""
+    import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
     from jupyter_cache.readers import get_reader
 
     notebook = (get_reader(READER)(path) if path.endswith(".md")
-                else get_reader("nbformat")(path))
+                else nbformat.read(path, as_version=4))
     os.environ.update(MPLBACKEND=INLINE_BACKEND, HF_HUB_OFFLINE="1",
                       TRANSFORMERS_OFFLINE="1", **(env or {}))
     with tempfile.TemporaryDirectory() as cwd:
@@ -196,7 +201,7 @@ def execute(only: list[str] | None = None,
 
 def require_executed(cache=None) -> None:
     """Fail, before Sphinx starts, if myst-nb would execute a notebook."""
-    cache = cache or open_cache()
+    cache = cache or open_cache(read_only=True)
     missing = [p.name for p in stale(cache, notebook_sources())]
     if missing:
         fail(f"no executed copy of {', '.join(missing)} in the cache: "
@@ -256,7 +261,7 @@ def glued_values(only: list[str] | None = None
     """The glued values of every executed notebook (or those named)."""
     if not CACHE.exists():
         fail("no executed notebooks: run `make book` first")
-    cache = open_cache()
+    cache = open_cache(read_only=True)
     pages = {}
     for path in notebook_sources():
         if only and path.stem not in only:

@@ -119,10 +119,21 @@ def test_a_new_stamp_clears_the_cache(book, monkeypatch):
 
 def test_sphinx_is_never_left_to_execute(book):
     """The render refuses to start while myst-nb would execute a page."""
+    execute.open_cache()
     with pytest.raises(common.BuildError, match="09_page.md"):
         execute.require_executed()
     cache_executed(book)
     execute.require_executed()
+
+
+def test_reading_a_cache_of_other_inputs_fails_and_keeps_it(book,
+                                                            monkeypatch):
+    cache_executed(book)
+    monkeypatch.setattr(execute, "inputs_digest", lambda: "v2")
+    with pytest.raises(common.BuildError, match="run `make book`"):
+        execute.glued_values()
+    monkeypatch.setattr(execute, "inputs_digest", lambda: "v1")
+    assert execute.stale(execute.open_cache(), [book]) == []
 
 
 @pytest.mark.parametrize("environ, fresh", [
