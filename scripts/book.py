@@ -62,9 +62,7 @@ def build(fresh: bool = False) -> None:
     times = execute.execute(fresh=fresh)
     glued = execute.glued_values()
     ledger.write_ledger(glued)
-    # A page pastes values of other pages: after any execution Sphinx
-    # reads every page again; after a prose edit, only what changed.
-    site.html(fresh=bool(times))
+    site.html(fresh=fresh)
     numbers.check_numbers(glued=glued)
     for line in numbers.claims_near_threshold(glued):
         print(line)

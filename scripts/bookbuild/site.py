@@ -4,6 +4,7 @@ Sphinx never executes: the build fails first if a page is not cached."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from bookbuild.common import (
     BUILD,
+    CACHE,
     ROOT,
     book_config,
     fail,
@@ -78,13 +80,26 @@ def jupyter_book(builder: str, fresh: bool) -> list[str]:
     return command + site_config_option() + (["--all"] if fresh else [])
 
 
+def cache_state() -> str:
+    """One hash of the executed copies in the cache (their keys)."""
+    from jupyter_cache import get_cache
+
+    records = get_cache(str(CACHE)).list_cache_records()
+    keys = sorted(r.hashkey for r in records)
+    return hashlib.sha256(" ".join(keys).encode()).hexdigest()[:20]
+
+
 def render(builder: str = "html", fresh: bool = False) -> None:
     """Render the site from the cache: a warning or a broken reference
-    fails, naming them."""
+    fails, naming them. Sphinx reads every page again when the cache
+    changed since the last render (a page pastes values of others; `make
+    test` executes too); else only the pages whose files changed."""
     require_executed()
     if fresh:
         shutil.rmtree(BUILD / builder, ignore_errors=True)
-    command = jupyter_book(builder, fresh)
+    state, mark = cache_state(), BUILD / builder / ".cache-state"
+    changed = not mark.exists() or mark.read_text(encoding="utf-8") != state
+    command = jupyter_book(builder, fresh or changed)
     print("$ jupyter-book", " ".join(command[1:]))
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     output = done.stdout + done.stderr
@@ -97,7 +112,9 @@ def render(builder: str = "html", fresh: bool = False) -> None:
         tail = "\n".join(output.splitlines()[-30:])
         fail(f"the {builder} build failed:\n  " + "\n  ".join(warnings)
              + f"\n--- last lines of jupyter-book ---\n{tail}")
-    print(f"site: {rel(BUILD / builder)} rendered")
+    mark.write_text(state, encoding="utf-8")
+    print(f"site: {rel(BUILD / builder)} rendered"
+          + (" (every page read: the cache changed)" if changed else ""))
 
 
 def html(fresh: bool = False) -> None:

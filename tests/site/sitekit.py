@@ -44,6 +44,11 @@ def fresh_site_or_skip(config, html_dir: Path = HTML) -> Path:
     if stale:
         skip_or_fail(config, f"the built site is older than notebooks {', '.join(stale)} "
                      f"(or lacks their page): run `make book`")
+    mark = html_dir / ".cache-state"          # the executed copies it was rendered from
+    from bookbuild.site import cache_state
+
+    if html_dir == HTML and (not mark.exists() or mark.read_text(encoding="utf-8") != cache_state()):
+        skip_or_fail(config, "the notebooks ran again since the site was rendered: run `make book`")
     return html_dir
 
 
