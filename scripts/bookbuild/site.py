@@ -81,11 +81,12 @@ def jupyter_book(builder: str, fresh: bool) -> list[str]:
 
 
 def cache_state() -> str:
-    """One hash of the executed copies in the cache (their keys)."""
+    """One hash of the executed copies in the cache: their keys (the code
+    cells) and when each was made (the same code run again)."""
     from jupyter_cache import get_cache
 
     records = get_cache(str(CACHE)).list_cache_records()
-    keys = sorted(r.hashkey for r in records)
+    keys = sorted(f"{r.hashkey}@{r.created.isoformat()}" for r in records)
     return hashlib.sha256(" ".join(keys).encode()).hexdigest()[:20]
 
 
@@ -112,6 +113,7 @@ def render(builder: str = "html", fresh: bool = False) -> None:
         tail = "\n".join(output.splitlines()[-30:])
         fail(f"the {builder} build failed:\n  " + "\n  ".join(warnings)
              + f"\n--- last lines of jupyter-book ---\n{tail}")
+    mark.parent.mkdir(parents=True, exist_ok=True)
     mark.write_text(state, encoding="utf-8")
     print(f"site: {rel(BUILD / builder)} rendered"
           + (" (every page read: the cache changed)" if changed else ""))
