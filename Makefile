@@ -18,12 +18,14 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 .PHONY: book test env sync check-sync execute check-numbers numbers ledger html tables clean lab serve
 
-## book: install if needed, check the pairs, execute the notebooks whose inputs changed (every one
-## with FRESH=1 or in CI), render the pages that changed, check every number
+## book: install if needed, check the pairs, execute the stale notebooks (every one with FRESH=1)
+## into the cache, render the site from it, check every number
 book: env
 	$(BIN)/python scripts/book.py build$(if $(filter 1 true yes,$(FRESH)), --fresh)
 
-## test: install if needed, lint scripts/ and tests/, run the test suite
+## test: install if needed, lint scripts/ and tests/, run the tests (tests/helpers, tests/build,
+## and tests/site, which skip until `make book`); its run of each notebook alone fills the cache
+## that `make book` renders from
 test: env
 	$(BIN)/ruff check scripts tests
 	$(BIN)/python -m pytest
@@ -43,11 +45,11 @@ $(STAMP): $(PINS) pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	grep -hv '^#' $(PINS) > $(STAMP)      # the pins without their comments
 
-## compat: the declared lowest torch and transformers (book.py's execution, the number check), then
+## compat: the declared lowest torch and transformers (the build's execution, the number check), then
 ## the path Colab takes (`pip install` of the package, each .ipynb alone); own environments and _build/compat
 .PHONY: compat
 compat:
-	$(PYTHON) scripts/compat.py
+	$(PYTHON) scripts/book.py compat
 
 ## sync: re-pair every notebooks/*.md with its .ipynb (after an edit in either), outputs stripped
 sync: env
@@ -87,7 +89,7 @@ lab: env
 .PHONY: pdf
 ## pdf: the book as one PDF, _build/pdf/why-self-attention.pdf, from the notebooks `make book` executed
 pdf: env
-	$(BIN)/python scripts/pdf.py
+	$(BIN)/python scripts/book.py pdf
 
 ## serve: serve the built site on http://localhost:8000
 serve:
@@ -108,10 +110,10 @@ chromium:
 ## site-test: after `make book` and `make pdf`: the PDF and the site tests, where a missing site or
 ## browser is a failure, not a skip
 site-test: env
-	$(BIN)/python -m pytest tests/test_pdf.py tests/test_site_*.py --require-site
+	$(BIN)/python -m pytest tests/site --require-site
 
 ## newest: .venv with the newest releases pip allows (torch: the newest CPU build), not the pins,
 ## then `make book` uses it as it is (the weekly workflow); `make env` goes back to the pins
 ## whenever requirements*.txt change. The versions go to the job summary in a workflow.
 newest:
-	$(PYTHON) scripts/newest.py --venv $(VENV) --stamp $(STAMP)
+	$(PYTHON) scripts/book.py newest --venv $(VENV) --stamp $(STAMP)

@@ -50,9 +50,9 @@ tx = sys.modules[__name__]
 #: scripts/book.py).
 KINDS = ("exact", "close", "seeded", "measured", "recorded")
 
-#: myst-nb stores a glued value under this mime prefix, so that it is kept
-#: but not displayed.
-GLUE_PREFIX = "application/papermill.record/"
+#: A glued value's kind and the rest of its hint are glued under this
+#: prefix + its key (a colon: never a key of the book's).
+HINT = "_hint:"
 
 
 def check_whole(least: int, what: str, **values: int) -> None:
@@ -146,22 +146,18 @@ def _in_notebook() -> bool:
 
 
 def _glue(key: str, value, kind: str, tol: float | None, **hint) -> None:
-    """Store `value` under `key` the way myst-nb's glue does, plus a hint of
-    its kind.
+    """Glue `value` under `key` with myst-nb's glue, and, where it says
+    more than the value's type, its kind, tolerance, a claim's ratio and
+    threshold or a phrase's words under the key HINT + `key`: the number
+    check and `make numbers` read them there (scripts/bookbuild)."""
+    from myst_nb import glue
 
-    myst-nb reads the `scrapbook` metadata; scripts/book.py also reads
-    `why_self_attention`: the kind and tolerance seed a new key in
-    numbers.toml; a claim's `ratio` and `threshold` and a phrase's `values`
-    go to the number check and the ledger.
-    """
-    from IPython.core.formatters import format_display_data
-    from IPython.display import display
-
-    bundle, metadata = format_display_data(value)
-    metadata["scrapbook"] = {"name": key, "mime_prefix": GLUE_PREFIX}
-    metadata["why_self_attention"] = {"kind": kind, "tol": tol, **hint}
-    display({GLUE_PREFIX + mime: data for mime, data in bundle.items()},
-            raw=True, metadata=metadata)
+    glue(key, value, display=False)
+    default = "close" if isinstance(value, float) else "exact"
+    hint = {name: item for name, item in
+            {"kind": kind, "tol": tol, **hint}.items() if item is not None}
+    if hint != {"kind": default}:
+        glue(HINT + key, hint, display=False)
 
 
 def show(key: str, value, fmt: str = "{:,}", kind: str | None = None,
@@ -1100,8 +1096,8 @@ def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
 def recorded_tables(record: dict | None = None
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The recorded wall times and waiting-isolated times as two tables,
-    by n (milliseconds). `record`: tx.RECORDED_H200 unless given."""
-    record = record or tx.RECORDED_H200
+    by n (milliseconds). `record`: tx.recorded() unless given."""
+    record = record or tx.recorded()
     names = {"gpu": "GPU", "cpu16": f"{record['cpu_threads']} threads",
              "cpu1": "1 thread"}
 
@@ -1183,49 +1179,28 @@ def _wall_time_quick() -> pd.DataFrame:
     return wall_time_table(ns=(16, 64, 256, 1024), min_time=0.02)
 
 
-#: A recorded measurement, not made by this build: Part 2's timings on a
-#: machine with an NVIDIA H200 (measurements/h200-2026-11-30.json, the
-#: numbers this page needs from the shared record h200-2026-11-30-gpu.json;
-#: tests/test_part2_sequential_steps.py checks that the two agree).
-#: Milliseconds. Wall time: `wall_time_table` as on main that day (commit
-#: 9cf1af6), medians. Waiting isolated: one product x @ U against the chain
-#: h = tanh(x_i + h @ U), d = 512; median of synchronised runs on the GPU,
-#: best of several runs on the CPU.
-RECORDED_H200 = {
-    "device": "NVIDIA H200", "torch": "2.11.0+cu130",
-    "transformers": "5.17.0", "cpu_threads": 16,
-    "date": "2026-11-30",
-    # n: (attention ms, loop ms) on the GPU, on 16 CPU threads,
-    # on 1 CPU thread
-    "wall_time": {
-        16: {"gpu": (0.10769900000084931, 0.4868020000010631),
-             "cpu16": (0.12213600000166025, 0.4115339999941625),
-             "cpu1": (0.28086300000040865, 0.38646499999828166)},
-        64: {"gpu": (0.13420499999838853, 1.6838580000033687),
-             "cpu16": (0.24085899999803928, 1.5603099999950132),
-             "cpu1": (0.7550119999990557, 1.379870999997479)},
-        256: {"gpu": (0.10005600000084769, 6.6052770000002425),
-              "cpu16": (0.8266680000019733, 6.16460899999538),
-              "cpu1": (3.6129929999972887, 5.457855000003065)},
-        1024: {"gpu": (0.1586119999998914, 26.762855000001196),
-               "cpu16": (3.825143999996783, 25.08152600000102),
-               "cpu1": (24.43023099999664, 21.839972999998736)},
-        4096: {"gpu": (0.9942229999992946, 102.99601199999842),
-               "cpu16": (53.535874000004924, 95.00936000000593),
-               "cpu1": (350.9490940000006, 86.83493200000214)},
-    },
-    # n: (one product ms, chain ms) on the GPU and on 16 CPU threads
-    "waiting_isolated": {
-        64: {"gpu": (0.02718800000423016, 1.6422070000032818),
-             "cpu16": (0.061555000002044835, 1.3976729999995996)},
-        256: {"gpu": (0.024447000001259767, 6.427561999998943),
-              "cpu16": (0.15092600000343737, 5.343368000005455)},
-        1024: {"gpu": (0.03630300000168063, 25.552080000004196),
-               "cpu16": (0.4613979999987805, 21.352338999996334)},
-        4096: {"gpu": (0.06528899999835858, 103.9944730000002),
-               "cpu16": (1.7219669999946063, 82.91254699999939)},
-    },
-}
+#: The GPU record Part 2 shows, a file of measurements/ (written by
+#: scripts/gpu_record.py; installed with the package as tx_measurements).
+RECORDED = "h200-2026-11-30.json"
+
+
+def recorded(path: str | Path = RECORDED) -> dict:
+    """A GPU timing record: its device, versions, date and CPU threads;
+    `wall_time` n: {"gpu"|"cpu16"|"cpu1": [attention ms, loop ms]} and
+    `waiting_isolated` n: {"gpu"|"cpu16": [product ms, chain ms]}, n as
+    whole numbers. `path`: a file, or a name in measurements/."""
+    path = Path(path)
+    if not path.is_file():
+        here = Path(tx.__file__).resolve().parent
+        folders = (here.parent / "measurements", here / "tx_measurements")
+        path = next((f / path.name for f in folders
+                     if (f / path.name).is_file()), path)
+    import json
+
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for table in ("wall_time", "waiting_isolated"):
+        record[table] = {int(n): row for n, row in record[table].items()}
+    return record
 
 
 # ══════════════════════════════════════════════════════════════════════════

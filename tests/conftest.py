@@ -1,4 +1,5 @@
-"""Shared fixtures: the repository root on the path, so that tests import scripts/book.py."""
+"""Shared by the three groups of tests (helpers/, build/, site/): the
+build's modules (scripts/) and the site tests' kit on the path."""
 
 import sys
 from pathlib import Path
@@ -7,19 +8,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "site"))
 
 
 def pytest_addoption(parser):
-    """--require-site: .ci/run passes it after `make book`; a missing site or browser then fails."""
+    """--require-site: CI passes it after `make book`; a missing site or
+    browser then fails."""
     parser.addoption("--require-site", action="store_true", default=False,
-                     help="the site tests must run: no _build/html or no chromium is a failure, "
-                          "not a skip (CI, after `make book`)")
+                     help="the site tests must run: no _build/html or no "
+                          "chromium is a failure, not a skip")
 
 
 @pytest.fixture(scope="module")
 def site(request) -> Path:
-    """The built site, fresh, or a skip (a failure with --require-site). The browser test
-    overrides it with the site served on 127.0.0.1."""
+    """The built site, fresh, or a skip (a failure with --require-site).
+    The browser test overrides it with the site served on 127.0.0.1."""
     import sitekit
 
     return sitekit.fresh_site_or_skip(request.config, sitekit.HTML)

@@ -1,0 +1,1 @@
+"""The build, one module a stage (see scripts/book.py)."""

@@ -1,0 +1,98 @@
+"""What every stage of the build shares: paths, failures, the notebooks and
+their parse."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+NUMBERS = ROOT / "numbers.toml"
+LEDGER = ROOT / "book" / "ledger.md"
+EXERCISES = ROOT / "book" / "exercises.md"
+# `make compat` builds apart (BOOK_BUILD_DIR)
+BUILD = Path(os.environ.get("BOOK_BUILD_DIR") or ROOT / "_build")
+CACHE = BUILD / ".jupyter_cache"
+MODULE = ROOT / "scripts" / "tx_part4.py"
+TIMEOUT = 300          # seconds a cell may run: the longest any step waits
+
+
+class BuildError(Exception):
+    """A failure of the build, with a message for the maintainer."""
+
+
+def fail(message: str) -> None:
+    """Stop the build with a message."""
+    raise BuildError(message)
+
+
+def rel(path: Path) -> str:
+    """A path as the messages show it: relative to the repository where it
+    can be."""
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def notebook_sources() -> list[Path]:
+    """The MyST-markdown notebooks, in the order of their names."""
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.md"))
+
+
+def book_config() -> dict:
+    """_config.yml, read once for the build and the tests."""
+    import yaml
+
+    text = (ROOT / "_config.yml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def repository_url() -> str:
+    """The repository named in _config.yml: the one place the Colab cell and
+    buttons read it."""
+    return book_config()["repository"]["url"]
+
+
+_PARSED: dict[tuple, object] = {}
+
+
+def read_md(path: Path, copy: bool = False):
+    """Read a MyST-markdown notebook with jupytext, once while the file is
+    unchanged. The notebook is shared by every caller: one that edits it
+    asks for a `copy`."""
+    import copy as copying
+
+    import jupytext
+
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _PARSED:
+        _PARSED[key] = jupytext.read(path, fmt="md:myst")
+    return copying.deepcopy(_PARSED[key]) if copy else _PARSED[key]
+
+
+def module_constant(name: str):
+    """A constant of tx_part4.py, read from its source (importing the
+    module imports torch: seconds on every build command)."""
+    tree = ast.parse(MODULE.read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [getattr(node, "target", None)])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return ast.literal_eval(node.value)
+    raise KeyError(f"{rel(MODULE)} defines no constant {name}")
+
+
+def write_if_changed(path: Path, text: str) -> str:
+    """Write a generated page only when its text changes: Sphinx re-reads a
+    page whose file is newer than its last reading. Returns what happened,
+    for the build's log."""
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return "unchanged"
+    path.write_text(text, encoding="utf-8")
+    return "written"
+
+

@@ -1,0 +1,275 @@
+"""Stage 2, execute: the notebooks run, two at a time, each in an empty
+folder, into the jupyter-cache that myst-nb renders from; then their glued
+values are read back from the cache.
+
+What is stale. jupyter-cache keys a notebook by its code cells. Everything
+else a page's outputs depend on (the module, the model configs, the GPU
+records in measurements/, the pins, the installed versions, the simulated
+machine) is hashed into one stamp beside the cache: when the stamp changes,
+the cache is cleared and every page runs again. Every page imports the
+module and the pins, so this is the simplest rule that is correct; a page's
+own data (measurements/, the configs) is rare enough to cost a full run.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bookbuild.common import (
+    BUILD,
+    CACHE,
+    ROOT,
+    TIMEOUT,
+    fail,
+    module_constant,
+    notebook_sources,
+)
+
+WORKERS = 2                      # notebooks at a time (the 2-core machine)
+STAMP = BUILD / "jupyter_cache.inputs"    # the stamp beside the cache
+#: the reader myst-nb uses for a .md: the cache keys what myst-nb looks up
+READER = {"name": "myst_nb_md", "type": "plugin"}
+#: Jupyter's backend: figures in the outputs, even where MPLBACKEND=Agg
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+#: ipykernel 7.3+ warns on every start of a kernel on plain TCP;
+#: jupyter_client 8.10+ provisions CurveZMQ keys for it ("auto").
+KERNEL_CONFIG = {"KernelManager": {"transport_encryption": "auto"}}
+STAMP_FILES = ("scripts/tx_part4.py", "scripts/tx_model_configs",
+               "measurements", "requirements.txt",
+               "requirements-nodeps.txt", "pyproject.toml")
+STAMP_PACKAGES = ("torch", "transformers", "numpy", "pandas",
+                  "matplotlib", "ipykernel", "myst-nb")
+STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY",
+                   "PYTHONHASHSEED", "HF_HUB_OFFLINE",
+                   "TRANSFORMERS_OFFLINE")
+#: tx_part4 glues a value's kind, tolerance, a claim's ratio and threshold
+#: and a phrase's words under this prefix + the key (a colon: never a key)
+HINT = module_constant("HINT")
+
+
+def kernel_config():
+    """The traitlets config of every kernel the build, the tests and
+    compat start (empty where jupyter_client cannot encrypt)."""
+    from jupyter_client.manager import KernelManager
+    from traitlets.config import Config
+
+    if "transport_encryption" not in KernelManager.class_traits():
+        return Config()
+    return Config(KERNEL_CONFIG)
+
+
+def inputs_digest(root: Path = ROOT) -> str:
+    """One hash of everything a page's outputs depend on besides its code
+    cells."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    digest = hashlib.sha256(sys.version.encode())
+    for name in STAMP_FILES:
+        path = root / name
+        files = sorted(path.rglob("*")) if path.is_dir() else [path]
+        for file in files:
+            if file.is_dir() or "__pycache__" in file.parts:
+                continue
+            digest.update(f"\0{file.relative_to(root)}\0".encode())
+            digest.update(file.read_bytes() if file.exists() else b"-")
+    for package in STAMP_PACKAGES:
+        try:
+            digest.update(f"\0{package} {version(package)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"\0{package} -".encode())
+    for variable in STAMP_VARIABLES:
+        digest.update(f"\0{variable}={os.environ.get(variable)}".encode())
+    return digest.hexdigest()[:20]
+
+
+def fresh_requested(fresh: bool = False) -> bool:
+    """`--fresh`, or FRESH=1 in the environment (`make book FRESH=1`)."""
+    flag = os.environ.get("FRESH", "").lower() in ("1", "true", "yes")
+    return fresh or flag
+
+
+def open_cache(fresh: bool = False, read_only: bool = False):
+    """The cache, emptied when asked or when the stamp changed, with every
+    notebook in its project. `read_only` (the render, the number check):
+    a changed stamp fails instead, the cache left as it is."""
+    from jupyter_cache import get_cache
+
+    digest = inputs_digest()
+    old = STAMP.read_text(encoding="utf-8") if STAMP.exists() else None
+    if read_only and old != digest:
+        fail("the module, a config, a record, a pin or a version changed "
+             "since the notebooks ran: run `make book`")
+    if fresh or old != digest:
+        shutil.rmtree(CACHE, ignore_errors=True)
+        if old is not None and not fresh:
+            print("execute: the module, a config, a record, a pin or a "
+                  "version changed: every page runs again")
+        BUILD.mkdir(parents=True, exist_ok=True)
+        STAMP.write_text(digest, encoding="utf-8")
+    cache = get_cache(str(CACHE))
+    for path in notebook_sources():
+        cache.add_nb_to_project(str(path), read_data=READER)
+    return cache
+
+
+def stale(cache, paths: list[Path]) -> list[Path]:
+    """The notebooks without an executed copy of their code cells: what
+    myst-nb would execute itself."""
+    return [p for p in paths if cache.get_cached_project_nb(str(p)) is None]
+
+
+def run_alone(path: str, env: dict[str, str] | None = None):
+    """Execute one notebook (.md or .ipynb) as a learner runs it: in an
+    empty folder, offline, with this project's kernel and `env` in its
+    environment. Returns (path, seconds, error or None, notebook)."""
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+    from jupyter_cache.readers import get_reader
+
+    notebook = (get_reader(READER)(path) if path.endswith(".md")
+                else nbformat.read(path, as_version=4))
+    os.environ.update(MPLBACKEND=INLINE_BACKEND, HF_HUB_OFFLINE="1",
+                      TRANSFORMERS_OFFLINE="1", **(env or {}))
+    with tempfile.TemporaryDirectory() as cwd:
+        # "immediate": no 2 s of a graceful kernel teardown
+        result = single_nb_execution(
+            notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False,
+            shutdown_kernel="immediate", config=kernel_config())
+    if result.err is not None:
+        error = result.exc_string or repr(result.err)
+        return path, result.time, error, None
+    return path, result.time, None, notebook
+
+
+def failing_cell(md: Path, traceback: str) -> str:
+    """The failed cell, by its line in the .md (nbclient quotes it)."""
+    quoted = traceback.split("------------------")
+    if len(quoted) >= 2 and quoted[1].strip():
+        text, first = md.read_text(encoding="utf-8"), quoted[1].strip()
+        for probe in (first, first.splitlines()[0]):
+            if probe in text:
+                line = text[:text.index(probe)].count("\n") + 1
+                return f"the code cell at line {line}"
+    return "a cell (see the traceback)"
+
+
+def execute(only: list[str] | None = None,
+            fresh: bool = False) -> dict[str, float]:
+    """Execute the stale notebooks (all when `fresh`), WORKERS at a time,
+    largest first, into the cache. Returns each one's seconds."""
+    from jupyter_cache.base import CacheBundleIn
+
+    cache = open_cache(fresh_requested(fresh) and not only)
+    paths = [p for p in notebook_sources() if not only or p.stem in only]
+    todo = sorted(stale(cache, paths), key=lambda p: -p.stat().st_size)
+    times, errors, start = {}, [], time.perf_counter()
+    with concurrent.futures.ProcessPoolExecutor(WORKERS) as pool:
+        runs = [pool.submit(run_alone, str(path)) for path in todo]
+        for run in concurrent.futures.as_completed(runs):
+            path, seconds, error, notebook = run.result()
+            stem = Path(path).stem
+            times[stem] = round(seconds, 2)
+            print(f"  {stem:35s} {seconds:6.1f} s"
+                  + ("  FAILED" if error else ""))
+            if error is not None:
+                marker = "An error occurred while executing"
+                shown = error[error.find(marker):] if marker in error \
+                    else error
+                where = failing_cell(Path(path), error)
+                errors.append(f"notebooks/{stem}.md, {where}:\n{shown}")
+                continue
+            cache.cache_notebook_bundle(
+                CacheBundleIn(notebook, path,
+                              data={"execution_seconds": seconds}),
+                check_validity=False, overwrite=True)
+    print(f"executed {len(todo)} of {len(paths)} notebooks in "
+          f"{time.perf_counter() - start:.1f} s ({WORKERS} at a time, each "
+          f"in an empty folder); {len(paths) - len(todo)} from the cache")
+    if errors:
+        fail("a notebook failed to execute:\n" + "\n".join(errors))
+    return times
+
+
+def require_executed(cache=None) -> None:
+    """Fail, before Sphinx starts, if myst-nb would execute a notebook."""
+    cache = cache or open_cache(read_only=True)
+    missing = [p.name for p in stale(cache, notebook_sources())]
+    if missing:
+        fail(f"no executed copy of {', '.join(missing)} in the cache: "
+             f"Sphinx would execute it. Run `make book`.")
+
+
+# ── glued values ──────────────────────────────────────────────────────
+
+
+@dataclass
+class Glued:
+    """One glued value as the executed notebook holds it."""
+    value: object
+    kind: str | None = None       # the kind tx.show was given
+    tol: float | None = None
+    ratio: float | None = None        # a claim (tx.claim): its ratio
+    threshold: float | None = None    # ... and the threshold to exceed
+    values: list | None = None        # a phrase: the words it may take
+
+    @property
+    def margin(self) -> float | None:
+        """A claim's ratio ÷ threshold (under 2: another machine may flip
+        it)."""
+        if self.ratio is None or not self.threshold:
+            return None
+        return self.ratio / self.threshold
+
+
+def glued_in_notebook(notebook) -> dict[str, Glued]:
+    """Every key myst_nb.glue stored in an executed notebook, its value
+    read back from its text, with the hints tx_part4 glued beside it."""
+    found, hints = {}, {}
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            glue = output.get("metadata", {}).get("scrapbook")
+            if not glue:
+                continue
+            text = output.get("data", {}).get(
+                glue.get("mime_prefix", "") + "text/plain")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError, TypeError):
+                value = text            # a figure or table glued whole
+            name = glue["name"]
+            if name.startswith(HINT):
+                hints[name[len(HINT):]] = value
+            else:
+                found[name] = value
+    # no hint: the kind tx.show gives a value of its type
+    return {key: Glued(value, **{"kind": "close" if isinstance(value, float)
+                                 else "exact", **hints.get(key, {})})
+            for key, value in found.items()}
+
+
+def glued_values(only: list[str] | None = None
+                 ) -> dict[str, dict[str, Glued]]:
+    """The glued values of every executed notebook (or those named)."""
+    if not CACHE.exists():
+        fail("no executed notebooks: run `make book` first")
+    cache = open_cache(read_only=True)
+    pages = {}
+    for path in notebook_sources():
+        if only and path.stem not in only:
+            continue
+        record = cache.get_cached_project_nb(str(path))
+        if record is None:
+            fail(f"notebooks/{path.name} has no up-to-date executed copy "
+                 f"in the cache: run `make book`")
+        notebook = cache.get_cache_bundle(record.pk).nb
+        pages[path.stem] = glued_in_notebook(notebook)
+    return pages

@@ -1,0 +1,324 @@
+"""Stage 3, numbers: every glued value against its expectation in
+numbers.toml (`check_numbers`), and `make numbers`, which accepts the
+build's values into numbers.toml and shows the diff."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from bookbuild.common import NUMBERS, fail, module_constant
+from bookbuild.execute import Glued, glued_values
+
+# exact, close, seeded, measured, recorded
+KINDS = module_constant("KINDS")
+#: relative tolerance where numbers.toml gives none
+DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}
+
+def load_expected(path: Path = NUMBERS) -> dict[str, dict[str, dict]]:
+    """numbers.toml: {page: {key: {kind, value, tol?, published?,
+    meaning?}}}."""
+    if not path.exists():
+        return {}
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    for page, keys in data.items():
+        for key, entry in keys.items():
+            if entry.get("kind") not in KINDS:
+                fail(f"numbers.toml [{page}] {key}: kind must be one of {KINDS}, got {entry.get('kind')!r}")
+    return data
+
+
+def toml_value(value) -> str:
+    """A bool, int, float, str or list of them written as TOML."""
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else
+                                                         ("inf" if value > 0 else "-inf"))
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def toml_key(key: str) -> str:
+    """A TOML key, quoted unless it is bare."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
+
+
+def dump_expected(data: dict[str, dict[str, dict]]) -> str:
+    """numbers.toml as text: one line per key, pages in order, keys in the
+    order glued."""
+    lines = [
+        "# The expected value of every number the book glues: one line per key, one table per page.",
+        "# kind: exact (counts) | close (floats, relative tol) | seeded (random but seeded, tol)",
+        "#       | measured (machine-dependent: a number, or with `values` a phrase that must be one",
+        "#         of them) | recorded (from a committed GPU record: checked to be a number).",
+        "# threshold: a claim (tx.claim), an exact boolean that holds while its measured ratio",
+        "#         exceeds the threshold; the ledger shows the ratio. published: the value the",
+        "#         companion articles print, if any.",
+        "# Update with `make numbers`, which shows the diff. meaning/published/kind/tol are kept.",
+    ]
+    for page in sorted(data):
+        lines.append("")
+        lines.append(f"[{toml_key(page)}]")
+        for key, entry in data[page].items():
+            fields = ", ".join(f"{name} = {toml_value(entry[name])}"
+                               for name in ("kind", "value", "values", "threshold", "tol",
+                                            "published", "meaning")
+                               if entry.get(name) is not None)
+            lines.append(f"{toml_key(key)} = {{ {fields} }}")
+    return "\n".join(lines) + "\n"
+
+
+# ── the check ─────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Problem:
+    """One row of the drift table."""
+    page: str
+    key: str
+    kind: str
+    expected: object
+    got: object
+    reason: str
+    margin: str = ""          # a claim's "ratio / threshold", where the value is a claim
+
+
+def significant(text: str) -> int:
+    """Significant digits written in a published number, e.g. '0.133' → 3,
+    '3.28e-05' → 3."""
+    mantissa = text.lower().split("e")[0].replace("-", "").replace(".", "").lstrip("0")
+    return max(1, len(mantissa.rstrip("0")) if "." not in text else len(mantissa))
+
+
+def agrees_with_published(value, published) -> bool:
+    """Does the built value, rounded as the companion article rounds it,
+    give the printed number?"""
+    if isinstance(published, (bool, str)) or isinstance(value, (bool, str)):
+        return value == published
+    if isinstance(published, int) and isinstance(value, int):
+        return value == published
+    digits = significant(repr(published))
+    return float(f"{float(value):.{digits}g}") == float(f"{float(published):.{digits}g}")
+
+
+def is_number(value) -> bool:
+    """A finite int or float (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def claim_margin(glued: Glued | None) -> str:
+    """A claim's ratio and threshold as the drift table and the ledger show
+    them."""
+    if glued is None or glued.margin is None:
+        return ""
+    return f"{glued.ratio:.3g} / {glued.threshold:.3g} = {glued.margin:.2f}"
+
+
+#: Which releases the build runs on: unset (or "pinned") for the pins;
+#: "newest" in the weekly workflow (`make newest`); `make compat` sets
+#: "lowest" or "colab" in its own environments.
+RELEASES = "WHY_SELF_ATTENTION_RELEASES"
+#: Glued keys that name the torch or transformers release a page ran on ("in
+#: transformers 5.24.0"). Off the pins they differ by design: each must be a
+#: version string, not the pin.
+RELEASE_KEY = re.compile(r"(^|_)(transformers|torch)_version$")
+
+
+def on_the_pins(environ=None) -> bool:
+    """Does this build run on the pinned releases
+    (WHY_SELF_ATTENTION_RELEASES unset)?"""
+    return (os.environ if environ is None else environ).get(RELEASES, "pinned") == "pinned"
+
+
+def compare_one(page: str, key: str, entry: dict, value, glued: Glued | None = None) -> Problem | None:
+    """Check one glued value against its expectation. Off the pins, a
+    release name is checked to be a version string, not compared (every
+    caller, the build's, the tests' and compat's)."""
+    kind, expected = entry["kind"], entry.get("value")
+    problem = lambda reason: Problem(page, key, kind, expected, value, reason,  # noqa: E731
+                                     claim_margin(glued))
+    if RELEASE_KEY.search(key) and not on_the_pins():
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", str(value)):
+            return problem("not a version string")
+        return None
+    if kind in ("measured", "recorded"):
+        allowed = entry.get("values")
+        if allowed is not None:
+            if value not in allowed:
+                return problem(f"a phrase must be one of {allowed}")
+            return None
+        if not is_number(value):
+            return problem(f"a {kind} value must be a finite number (a phrase needs `values`)")
+        return None
+    if kind == "exact":
+        if type(value) is not type(expected) or value != expected:
+            return problem("drifted")
+    else:
+        if not (is_number(value) and is_number(expected)):
+            return problem("not a number")
+        tol = entry.get("tol") or DEFAULT_TOL[kind]
+        if not math.isclose(value, expected, rel_tol=tol, abs_tol=tol * 1e-12):
+            return problem(f"drifted beyond rel. tol {tol:g}")
+    threshold = entry.get("threshold")
+    if threshold is not None and (glued is None or glued.threshold != threshold):
+        return problem(f"a claim with threshold {threshold:g} in numbers.toml, glued with "
+                       f"{'none' if glued is None or glued.threshold is None else f'{glued.threshold:g}'}")
+    published = entry.get("published")
+    if published is not None and kind in ("exact", "close") and not agrees_with_published(value, published):
+        return Problem(page, key, kind, published, value, "disagrees with the companion articles")
+    return None
+
+
+def compare(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glued]]) -> list[Problem]:
+    """Every drift, every missing key, every glued key without an
+    expectation."""
+    problems = []
+    for page in sorted(set(expected) | set(glued)):
+        want, have = expected.get(page, {}), glued.get(page)
+        if have is None:
+            problems.append(Problem(page, "*", "-", f"{len(want)} keys", None, "page not executed"))
+            continue
+        for key, entry in want.items():
+            if key not in have:
+                problems.append(Problem(page, key, entry["kind"], entry.get("value"), None,
+                                        "missing: expected but not glued"))
+            else:
+                found = compare_one(page, key, entry, have[key].value, have[key])
+                if found:
+                    problems.append(found)
+        for key in have:
+            if key not in want:
+                problems.append(Problem(page, key, "-", None, have[key].value,
+                                        "unexpected: glued but not in numbers.toml (run `make numbers`)"))
+    return problems
+
+
+def fmt(value) -> str:
+    """A value as the drift table shows it."""
+    if value is None:
+        return "—"
+    if isinstance(value, (bool, str)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    return str(value)
+
+
+def problem_table(problems: list[Problem]) -> str:
+    """The drift table, one row per problem, readable in a terminal."""
+    rows = [("page", "key", "kind", "expected", "got", "ratio / threshold", "what")]
+    rows += [(p.page, p.key, p.kind, fmt(p.expected), fmt(p.got), p.margin or "—", p.reason)
+             for p in problems]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> None:
+    """Compare the build's glued values with numbers.toml; fail with a table
+    of every problem."""
+    expected, glued = load_expected(), glued if glued is not None else glued_values(only)
+    if only:
+        expected = {page: keys for page, keys in expected.items() if page in only}
+    problems = compare(expected, glued)
+    total = sum(len(keys) for keys in glued.values())
+    if problems:
+        # in a workflow: the same table in the job summary
+        write_step_summary(problems, total)
+        fail(f"number check: {len(problems)} problem(s) in {total} glued values\n"
+             f"{problem_table(problems)}\n"
+             f"If a change is on purpose, run `make numbers`, read the diff, and say so in the commit.")
+    print(f"numbers: {total} glued values on {len(glued)} pages match numbers.toml")
+    if not on_the_pins():
+        print(f"  ({RELEASES}={os.environ[RELEASES]}: the release names each page glues were "
+              f"checked to be versions, not compared with the pins)")
+
+
+def accept_numbers(only: list[str] | None = None) -> None:
+    """Write the build's glued values into numbers.toml, keeping kinds,
+    published values and meanings."""
+    old = load_expected()
+    new: dict[str, dict[str, dict]] = {page: keys for page, keys in old.items()
+                                       if only and page not in only}
+    for page, keys in glued_values(only).items():
+        new[page] = {}
+        for key, glued in keys.items():
+            entry = dict(old.get(page, {}).get(key, {}))
+            entry.setdefault("kind", glued.kind or ("close" if isinstance(glued.value, float) else "exact"))
+            if glued.tol is not None and "tol" not in entry:
+                entry["tol"] = glued.tol
+            if glued.values is not None:
+                # a phrase: the words it may take
+                entry["values"] = list(glued.values)
+            if glued.threshold is not None:
+                # a claim: the threshold it must exceed
+                entry["threshold"] = glued.threshold
+            entry["value"] = glued.value
+            new[page][key] = entry
+    before = NUMBERS.read_text(encoding="utf-8") if NUMBERS.exists() else ""
+    after = dump_expected(new)
+    diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(),
+                                     "numbers.toml (before)", "numbers.toml (after)", lineterm=""))
+    NUMBERS.write_text(after, encoding="utf-8")
+    print("\n".join(diff) if diff else "numbers.toml: no change")
+
+
+
+
+def markdown_cell(text: str) -> str:
+    """Text for one cell of a Markdown table: no bar or line break can end
+    the cell early."""
+    return " ".join(str(text).split()).replace("|", "\\|") or " "
+
+
+def markdown_problem_table(problems: list[Problem]) -> str:
+    """The drift table as GitHub-flavoured Markdown: the same columns as
+    problem_table."""
+    rows = [("page", "key", "kind", "expected", "got", "ratio / threshold", "what"),
+            ("---",) * 7]
+    rows += [(p.page, f"`{p.key}`", p.kind, fmt(p.expected), fmt(p.got), p.margin or "—", p.reason)
+             for p in problems]
+    return "\n".join("| " + " | ".join(markdown_cell(c) if i > 1 else c for c in row) + " |"
+                     for i, row in enumerate(rows))
+
+
+def write_step_summary(problems: list[Problem], total: int, environ=None) -> None:
+    """In a GitHub Actions job (GITHUB_STEP_SUMMARY is set): append the
+    drift table to the job's summary, so the failure reads on the run's
+    page. Elsewhere: nothing (the terminal has the table already)."""
+    environ = os.environ if environ is None else environ
+    summary = environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    text = (f"### Number check: {len(problems)} problem(s) in {total} glued values\n\n"
+            f"{markdown_problem_table(problems)}\n\n"
+            "If a change is on purpose, run `make numbers`, read the diff, and say so in the "
+            "commit.\n\n")
+    with open(summary, "a", encoding="utf-8") as out:
+        out.write(text)
+
+
+def claims_near_threshold(glued: dict[str, dict[str, Glued]]) -> list[str]:
+    """One line per claim whose margin (ratio ÷ threshold) is under 2,
+    smallest margin first: the claims that another machine may flip. Not a
+    warning: the check passed; a maintainer reads it."""
+    close = sorted((g.margin, key, page) for page, keys in glued.items()
+                   for key, g in keys.items() if g.margin is not None and g.margin < 2)
+    return [f"claims near their threshold: {key} ({page}) {margin:.2f}"
+            for margin, key, page in close]
+
+

@@ -1,0 +1,126 @@
+"""Stage 5, the site: one plain `jupyter-book build` renders _build/html
+from the cache (myst-nb's `execute_notebooks: cache`), warnings as errors.
+Sphinx never executes: the build fails first if a page is not cached."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bookbuild.common import (
+    BUILD,
+    CACHE,
+    ROOT,
+    book_config,
+    fail,
+    rel,
+    repository_url,
+)
+from bookbuild.execute import require_executed
+
+# ── in a workflow: the site names the workflow's repository ──
+
+#: _config.yml as the site's render reads it when the site names another
+#: repository.
+SITE_CONFIG = BUILD / "_config.site.yml"
+
+
+def site_repository_url(environ=None) -> str:
+    """The repository the site's launch and repository buttons name.
+
+    In a GitHub Actions workflow, the workflow's own (GITHUB_REPOSITORY): a
+    fork's site opens the fork's notebooks, with no edit. Elsewhere, the one
+    _config.yml names."""
+    environ = os.environ if environ is None else environ
+    name = environ.get("GITHUB_REPOSITORY", "").strip().strip("/")
+    return f"https://github.com/{name}" if name else repository_url()
+
+
+def site_config_option(environ=None) -> list[str]:
+    """`--config FILE` for `jupyter-book build` when the site names another
+    repository than _config.yml (FILE: _config.yml with that
+    repository.url); no option otherwise.
+
+    Jupyter Book 1 takes no single-key override on its command line, and
+    reads the buttons' repository from repository.url; _config.yml itself
+    keeps the default for local builds. Jupyter Book resolves
+    local_extensions against the config file's folder: written absolute."""
+    import yaml
+
+    url = site_repository_url(environ)
+    if url == repository_url():
+        return []
+    config = book_config()
+    config["repository"]["url"] = url
+    extensions = config.get("sphinx", {}).get("local_extensions") or {}
+    for name, folder in extensions.items():
+        extensions[name] = str((ROOT / folder).resolve())
+    SITE_CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    SITE_CONFIG.write_text("# Written by scripts/book.py html: _config.yml,"
+                           " with the repository of "
+                           "the workflow (GITHUB_REPOSITORY).\n"
+                           + yaml.safe_dump(config, sort_keys=False,
+                                            allow_unicode=True),
+                           encoding="utf-8")
+    print(f"site: the buttons name {url} (GITHUB_REPOSITORY), "
+          f"not {repository_url()}")
+    return ["--config", str(SITE_CONFIG)]
+
+
+
+def jupyter_book(builder: str, fresh: bool) -> list[str]:
+    """The jupyter-book command line for `builder` (`fresh`: read every
+    page again; pages paste values from other pages)."""
+    command = [str(Path(sys.executable).with_name("jupyter-book")), "build",
+               str(ROOT), "--builder", builder, "-W", "-n", "--keep-going"]
+    return command + site_config_option() + (["--all"] if fresh else [])
+
+
+def cache_state() -> str:
+    """One hash of the executed copies in the cache: their keys (the code
+    cells) and when each was made (the same code run again)."""
+    from jupyter_cache import get_cache
+
+    records = get_cache(str(CACHE)).list_cache_records()
+    keys = sorted(f"{r.hashkey}@{r.created.isoformat()}" for r in records)
+    return hashlib.sha256(" ".join(keys).encode()).hexdigest()[:20]
+
+
+def render(builder: str = "html", fresh: bool = False) -> None:
+    """Render the site from the cache: a warning or a broken reference
+    fails, naming them. Sphinx reads every page again when the cache
+    changed since the last render (a page pastes values of others; `make
+    test` executes too); else only the pages whose files changed."""
+    require_executed()
+    if fresh:
+        shutil.rmtree(BUILD / builder, ignore_errors=True)
+    state, mark = cache_state(), BUILD / builder / ".cache-state"
+    changed = not mark.exists() or mark.read_text(encoding="utf-8") != state
+    command = jupyter_book(builder, fresh or changed)
+    print("$ jupyter-book", " ".join(command[1:]))
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        # Sphinx warns about a page only while it reads it: forget every
+        # reading, so that the next build cannot pass on a warned page.
+        (BUILD / ".doctrees" / "environment.pickle").unlink(missing_ok=True)
+        warnings = [line for line in output.splitlines()
+                    if "WARNING" in line or "ERROR" in line]
+        tail = "\n".join(output.splitlines()[-30:])
+        fail(f"the {builder} build failed:\n  " + "\n  ".join(warnings)
+             + f"\n--- last lines of jupyter-book ---\n{tail}")
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(state, encoding="utf-8")
+    print(f"site: {rel(BUILD / builder)} rendered"
+          + (" (every page read: the cache changed)" if changed else ""))
+
+
+def html(fresh: bool = False) -> None:
+    """`python scripts/book.py html`: render the site from the cache."""
+    render("html", fresh)
+
+

@@ -1,0 +1,75 @@
+"""The book's Sphinx extension: three fixes of other libraries' HTML, each
+through Sphinx's public extension API, each until its library fixes it.
+
+1. The bibliography as a list that assistive technology can read. docutils
+   0.21 writes each entry (sphinxcontrib-bibtex's citation nodes) as
+   <div role="doc-biblioentry"> inside <div role="list">; DPUB-ARIA 1.1
+   deprecates that role (https://github.com/w3c/dpub-aria/pull/22), and
+   axe-core reports aria-required-children (critical) on the list. Here the
+   same elements, ids and classes are written with role="listitem". No
+   docutils or sphinxcontrib-bibtex issue was found for it.
+2. Each script of a page written once. sphinx-thebe 0.3.1 and
+   sphinx-togglebutton 0.4.5 add their inline configuration scripts after
+   the HTML builder has started; Sphinx 7.4 then lists them twice, and a
+   second `const THEBE_JS_URL` is a SyntaxError in the reader's console.
+   No upstream issue was found for it.
+3. myst-nb's hidden-cell node in the single-page build (`make pdf`).
+   sphinx-exercise registers its nodes for "singlehtml"; from then on Sphinx
+   looks every node up under that name only, and myst-nb registered its
+   node for "html" alone (https://github.com/sphinx-doc/sphinx/issues/9160).
+   Here myst-nb's own visitors are registered for "singlehtml" too.
+"""
+
+from docutils import nodes
+
+
+def visit_citation(self, node) -> None:
+    """Open the list before the first of adjacent entries, then the entry
+    as a list item."""
+    if not isinstance(node.previous_sibling(), type(node)):
+        self.body.append('<div role="list" class="citation-list">\n')
+    self.body.append(self.starttag(node, "div", classes=[node.tagname],
+                                   role="listitem"))
+
+
+def depart_citation(self, node) -> None:
+    """Close the entry, and the list after the last of adjacent entries."""
+    self.body.append("</div>\n")
+    if not isinstance(node.next_node(descend=False, siblings=True),
+                      type(node)):
+        self.body.append("</div>\n")
+
+
+def unique_scripts(app, pagename, templatename, context, doctree) -> None:
+    """Keep the first of each script (same file or body, same attributes).
+    """
+    seen, kept = set(), []
+    for script in context.get("script_files", []):
+        # the repeat has filename '' where the first has None: compare text
+        attributes = getattr(script, "attributes", {})
+        key = (getattr(script, "filename", script) or "",
+               tuple(sorted((k, str(v)) for k, v in attributes.items())))
+        if key not in seen:
+            seen.add(key)
+            kept.append(script)
+    context["script_files"] = kept
+
+
+def setup(app):
+    """Register the three fixes."""
+    from myst_nb.sphinx_ import (
+        HideCodeCellNode,
+        depart_HideCellInput,
+        visit_HideCellInput,
+    )
+
+    app.setup_extension("myst_nb")     # its node first, then ours over it
+    citation = (visit_citation, depart_citation)
+    app.add_node(nodes.citation, override=True, html=citation,
+                 singlehtml=citation)
+    hidden = (visit_HideCellInput, depart_HideCellInput)
+    app.add_node(HideCodeCellNode, override=True, html=hidden,
+                 singlehtml=hidden)
+    # last among the page-context handlers, once the themes added theirs
+    app.connect("html-page-context", unique_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

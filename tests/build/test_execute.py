@@ -1,0 +1,196 @@
+"""The execution stage: what is stale after which change, the stamp that
+clears the cache, Sphinx never executing, the kernels' config. Small
+crafted notebooks; no notebook of the book is executed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bookbuild import common, execute, pairs
+
+HEADER = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+"""
+
+
+def notebook(path: Path, prose: str = "Some prose.",
+             code: str = "x = 1") -> Path:
+    """A small MyST notebook: a title, a sentence, one code cell."""
+    path.write_text(f"{HEADER}\n# A page\n\n{prose}\n\n"
+                    f"```{{code-cell}} ipython3\n{code}\n```\n",
+                    encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A copy of every input the stamp reads, to change one at a time."""
+    for name in execute.STAMP_FILES:
+        source = common.ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, tmp_path / name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", [
+    "scripts/tx_part4.py", "requirements.txt", "requirements-nodeps.txt",
+    "pyproject.toml", "measurements/h200-2026-11-30.json"])
+def test_the_module_a_pin_or_a_record_changes_the_stamp(root, name):
+    before = execute.inputs_digest(root)
+    with open(root / name, "a", encoding="utf-8") as file:
+        file.write("\n")
+    assert execute.inputs_digest(root) != before
+
+
+def test_a_model_config_or_a_simulated_machine_changes_the_stamp(
+        root, monkeypatch):
+    before = execute.inputs_digest(root)
+    config = next((root / "scripts" / "tx_model_configs").glob("*.json"))
+    config.write_text(config.read_text(encoding="utf-8") + " ",
+                      encoding="utf-8")
+    assert execute.inputs_digest(root) != before
+    changed = execute.inputs_digest(root)
+    monkeypatch.setenv("WHY_SELF_ATTENTION_MACHINE", '{"cores": 64}')
+    assert execute.inputs_digest(root) != changed
+
+
+def test_prose_and_expectations_leave_the_stamp_alone(root):
+    before = execute.inputs_digest(root)
+    (root / "numbers.toml").write_text("# changed\n", encoding="utf-8")
+    (root / "README.md").write_text("# changed\n", encoding="utf-8")
+    assert execute.inputs_digest(root) == before
+
+
+@pytest.fixture
+def book(tmp_path, monkeypatch):
+    """A book of one notebook, its cache and stamp in tmp_path."""
+    md = notebook(tmp_path / "09_page.md")
+    monkeypatch.setattr(common, "NOTEBOOKS", tmp_path)
+    monkeypatch.setattr(execute, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(execute, "STAMP", tmp_path / "stamp")
+    monkeypatch.setattr(execute, "inputs_digest", lambda: "v1")
+    return md
+
+
+def cache_executed(md: Path) -> None:
+    """Put an 'executed' copy of `md` into the cache, as execute() does."""
+    from jupyter_cache.base import CacheBundleIn
+    from jupyter_cache.readers import get_reader
+
+    executed = get_reader(execute.READER)(str(md))
+    execute.open_cache().cache_notebook_bundle(
+        CacheBundleIn(executed, str(md)), check_validity=False)
+
+
+def test_a_prose_edit_is_not_executed_again_a_code_edit_is(book):
+    assert execute.stale(execute.open_cache(), [book]) == [book]
+    cache_executed(book)
+    assert execute.stale(execute.open_cache(), [book]) == []
+    notebook(book, prose="Other prose, a whole new paragraph.")
+    assert execute.stale(execute.open_cache(), [book]) == []
+    notebook(book, code="x = 2")
+    assert execute.stale(execute.open_cache(), [book]) == [book]
+
+
+def test_a_new_stamp_clears_the_cache(book, monkeypatch):
+    cache_executed(book)
+    assert execute.stale(execute.open_cache(), [book]) == []
+    monkeypatch.setattr(execute, "inputs_digest", lambda: "v2")
+    assert execute.stale(execute.open_cache(), [book]) == [book]
+
+
+def test_sphinx_is_never_left_to_execute(book):
+    """The render refuses to start while myst-nb would execute a page."""
+    execute.open_cache()
+    with pytest.raises(common.BuildError, match="09_page.md"):
+        execute.require_executed()
+    cache_executed(book)
+    execute.require_executed()
+
+
+def test_reading_a_cache_of_other_inputs_fails_and_keeps_it(book,
+                                                            monkeypatch):
+    cache_executed(book)
+    monkeypatch.setattr(execute, "inputs_digest", lambda: "v2")
+    with pytest.raises(common.BuildError, match="run `make book`"):
+        execute.glued_values()
+    monkeypatch.setattr(execute, "inputs_digest", lambda: "v1")
+    assert execute.stale(execute.open_cache(), [book]) == []
+
+
+@pytest.mark.parametrize("environ, fresh", [
+    ({}, False), ({"FRESH": "1"}, True), ({"FRESH": "0"}, False),
+    ({"CI": "true"}, False), ({"CI": "true", "FRESH": "1"}, True)])
+def test_only_fresh_asks_for_a_fresh_build(monkeypatch, environ, fresh):
+    """CI alone does not: the stamp makes an incremental build correct."""
+    for name in ("CI", "FRESH"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert execute.fresh_requested() is fresh
+
+
+def test_a_notebook_runs_in_an_empty_folder_without_a_warning(tmp_path):
+    """The build's run is the run alone: an empty folder, the project's
+    kernel, encrypted (ipykernel 7.3+ warns on plain TCP, on the stderr
+    of the process that started the kernel)."""
+    md = notebook(tmp_path / "09_page.md",
+                  code="import os; print(len(os.listdir('.')))")
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); "
+              "from bookbuild import execute; "
+              "_, _, error, nb = execute.run_alone(sys.argv[2]); "
+              "assert error is None, error; "
+              "print(nb.cells[-1].outputs[0].text)")
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(common.ROOT / "scripts"),
+         str(md)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+    assert "without encryption" not in done.stderr, done.stderr
+    assert "WARNING" not in done.stderr, done.stderr
+
+
+def test_a_notebook_that_needs_a_file_beside_it_fails_alone(tmp_path):
+    md = notebook(tmp_path / "09_page.md", code="open('numbers.toml')")
+    (tmp_path / "numbers.toml").write_text("# beside it\n")
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); "
+              "from bookbuild import execute; "
+              "print(execute.run_alone(sys.argv[2])[2])")
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(common.ROOT / "scripts"),
+         str(md)], capture_output=True, text=True, timeout=120)
+    assert "FileNotFoundError" in done.stdout, done.stdout + done.stderr
+
+
+def test_sync_leaves_unchanged_pairs_alone(tmp_path, monkeypatch):
+    """`make sync` writes only what changes: Sphinx reads a page again
+    when its file is newer."""
+    md = common.notebook_sources()[0]
+    for path in (md, md.with_suffix(".ipynb")):
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.setattr(common, "NOTEBOOKS", tmp_path)
+    monkeypatch.setattr(pairs, "sync_saved", lambda *args, **kwargs: None)
+    pairs.sync()
+    times = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    time.sleep(0.01)
+    pairs.sync()
+    assert {p.name: p.stat().st_mtime_ns
+            for p in tmp_path.iterdir()} == times
