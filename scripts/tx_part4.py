@@ -20,6 +20,7 @@ import importlib.util
 import math
 import numbers
 import sys
+import textwrap
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -4450,6 +4451,26 @@ def _print_models(results: list[dict], as_json: bool) -> None:
     print(models_text({r["model"]: r for r in results}, accelerator))
 
 
+def fitted_text(table: pd.DataFrame, width: int = WIDTH) -> str:
+    """A table as text, its columns split into as many stacked tables as
+    it takes for each to fit `width` characters (one column alone may be
+    wider)."""
+    integer = {c: "{:,}".format for c in table.columns
+               if pd.api.types.is_integer_dtype(table[c])}
+    text = lambda columns: table[columns].to_string(  # noqa: E731
+        float_format=_cli_float,
+        formatters={c: f for c, f in integer.items() if c in columns})
+    parts, columns = [], []
+    for column in table.columns:
+        if columns and max(map(len, text(columns + [column])
+                               .splitlines())) > width:
+            parts.append(text(columns))
+            columns = []
+        columns.append(column)
+    parts.append(text(columns))
+    return "\n\n".join(parts)
+
+
 def _cli_float(x: float) -> str:
     """A float for the command line: 3 decimals, or 3 significant digits
     when it is tiny."""
@@ -4496,11 +4517,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         tables = ((title, make()) for title, make in TABLES)
     for title, table in tables:
-        print(f"\n== {title}")
-        integer = {c: "{:,}".format for c in table.columns
-                   if pd.api.types.is_integer_dtype(table[c])}
-        print(table.to_string(float_format=_cli_float,
-                              formatters=integer))
+        print()
+        print(textwrap.fill(f"== {title}", WIDTH, subsequent_indent="   "))
+        print(fitted_text(table))
 
 
 if __name__ == "__main__":
