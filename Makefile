@@ -112,7 +112,7 @@ chromium:
 site-test: env
 	$(BIN)/python -m pytest tests/site --require-site
 
-## newest: .venv with the newest releases pip allows (torch: the newest CPU build), not the pins,
+## newest: .venv with the newest releases within pyproject.toml's ranges (torch: the newest CPU build),
 ## then `make book` uses it as it is (the weekly workflow); `make env` goes back to the pins
 ## whenever requirements*.txt change. The versions go to the job summary in a workflow.
 newest:

@@ -1,11 +1,11 @@
 """`make compat`: the book on the versions it declares, each in an
 environment of its own.
 
-    python3 scripts/compat.py                      both checks below, in this order
-    python3 scripts/compat.py lowest               the declared lowest torch and transformers
-    python3 scripts/compat.py colab                the path Colab takes
-    python3 scripts/compat.py lowest --transformers 5.17.0    try another release (not declared)
-    python3 scripts/compat.py lowest --keep        reuse .venv-compat, reinstall only the package
+    python3 scripts/book.py compat                      both checks below, in this order
+    python3 scripts/book.py compat lowest               the declared lowest torch and transformers
+    python3 scripts/book.py compat colab                the path Colab takes
+    python3 scripts/book.py compat lowest --transformers 5.17.0    try another release (not declared)
+    python3 scripts/book.py compat lowest --keep        reuse .venv-compat, reinstall only the package
 
 lowest  A fresh virtual environment, .venv-compat, with the LOWEST torch and
 transformers that

@@ -131,23 +131,29 @@ def run_alone(path: str, env: dict[str, str] | None = None):
     """Execute one notebook (.md or .ipynb) as a learner runs it: in an
     empty folder, offline, with this project's kernel and `env` in its
     environment. Returns (path, seconds, error or None, notebook)."""
+    import traceback
+
     import nbformat
-    from jupyter_cache.executors.utils import single_nb_execution
     from jupyter_cache.readers import get_reader
+    from nbclient import execute as run_notebook
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     notebook = (get_reader(READER)(path) if path.endswith(".md")
                 else nbformat.read(path, as_version=4))
     os.environ.update(MPLBACKEND=INLINE_BACKEND, HF_HUB_OFFLINE="1",
                       TRANSFORMERS_OFFLINE="1", **(env or {}))
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as cwd:
-        # "immediate": no 2 s of a graceful kernel teardown
-        result = single_nb_execution(
-            notebook, cwd=cwd, timeout=TIMEOUT, allow_errors=False,
-            shutdown_kernel="immediate", config=kernel_config())
-    if result.err is not None:
-        error = result.exc_string or repr(result.err)
-        return path, result.time, error, None
-    return path, result.time, None, notebook
+        try:
+            # "immediate": no 2 s of a graceful kernel teardown
+            run_notebook(notebook, cwd=cwd, timeout=TIMEOUT,
+                         allow_errors=False, record_timing=False,
+                         shutdown_kernel="immediate",
+                         config=kernel_config())
+        except (CellExecutionError, CellTimeoutError):
+            return (path, time.perf_counter() - start,
+                    traceback.format_exc(), None)
+    return path, time.perf_counter() - start, None, notebook
 
 
 def failing_cell(md: Path, traceback: str) -> str:

@@ -1,8 +1,8 @@
 """`make newest`: .venv with the newest releases pip allows, not the pins
 (the weekly workflow).
 
-    python3 scripts/newest.py --venv .venv --stamp .venv/.pins    what `make newest` runs
-    python3 scripts/newest.py --dry-run                           print the pip commands only
+    python3 scripts/book.py newest --venv .venv --stamp .venv/.pins   what `make newest` runs
+    python3 scripts/book.py newest --dry-run                        print the pip commands only
 
 1. A new virtual environment (the old one is removed).
 2. torch: the newest CPU build, from PyTorch's CPU index ($TORCH_INDEX_URL

@@ -1,4 +1,4 @@
-"""`make compat`'s own parts (scripts/compat.py), and the helpers' reading of caches that older
+"""`make compat`'s own parts (scripts/bookbuild/compat.py), and the helpers' reading of caches that older
 transformers releases shape differently. The environments themselves are built by `make compat`."""
 
 from __future__ import annotations
