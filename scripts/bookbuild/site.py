@@ -104,15 +104,23 @@ def render(builder: str = "html", fresh: bool = False) -> None:
     print("$ jupyter-book", " ".join(command[1:]))
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     output = done.stdout + done.stderr
+    log = BUILD / f"jupyter-book-{builder}.log"
+    log.write_text(output, encoding="utf-8")
     if done.returncode != 0:
-        # Sphinx warns about a page only while it reads it: forget every
-        # reading, so that the next build cannot pass on a warned page.
-        (BUILD / ".doctrees" / "environment.pickle").unlink(missing_ok=True)
+        # Sphinx warns about a page only while it reads it: the next
+        # render reads every page (--all), so it cannot pass a warned page.
+        mark.unlink(missing_ok=True)
         warnings = [line for line in output.splitlines()
                     if "WARNING" in line or "ERROR" in line]
         tail = "\n".join(output.splitlines()[-30:])
         fail(f"the {builder} build failed:\n  " + "\n  ".join(warnings)
-             + f"\n--- last lines of jupyter-book ---\n{tail}")
+             + f"\n--- last lines of jupyter-book (all: {rel(log)}) ---"
+             + f"\n{tail}")
+    if cache_state() != state:      # myst-nb executed: its key drifted
+        mark.unlink(missing_ok=True)
+        fail("Sphinx executed a notebook itself (myst-nb found no copy "
+             "in the cache under the key the build wrote): see "
+             f"{rel(log)}")
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.write_text(state, encoding="utf-8")
     print(f"site: {rel(BUILD / builder)} rendered"
