@@ -16,7 +16,6 @@ EXERCISES = ROOT / "book" / "exercises.md"
 BUILD = Path(os.environ.get("BOOK_BUILD_DIR") or ROOT / "_build")
 CACHE = BUILD / ".jupyter_cache"
 MODULE = ROOT / "scripts" / "tx_part4.py"
-TIMEOUT = 300          # seconds a cell may run: the longest any step waits
 
 
 class BuildError(Exception):
@@ -48,6 +47,11 @@ def book_config() -> dict:
 
     text = (ROOT / "_config.yml").read_text(encoding="utf-8")
     return yaml.safe_load(text)
+
+
+#: Seconds a cell may run (_config.yml's execute.timeout): the longest any
+#: step of the build waits.
+TIMEOUT = int(book_config()["execute"]["timeout"])
 
 
 def repository_url() -> str:
