@@ -1545,7 +1545,7 @@ def sinusoid_positions(n: int, d: int) -> torch.Tensor:
     if d % 2:
         raise ValueError(f"d must be even (sin and cos pairs), got {d}")
     position = torch.arange(n, dtype=torch.float32).unsqueeze(1)
-    # one frequency for each pair of numbers, from 1 down to 1/10000
+    # one frequency for each pair of numbers, from 1 down towards 1/10000
     frequency = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
     table = torch.zeros(n, d)
     table[:, 0::2] = torch.sin(position * frequency)   # even numbers: sine
