@@ -3369,7 +3369,7 @@ def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32,
         vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, attn_layer_period=4, attn_layer_offset=2,
-        # every 2nd layer a mixture of 2 experts, 1 used a token (Part 8)
+        # every 2nd layer: 2 feed-forward networks, a router picks 1 a token
         expert_layer_period=2, expert_layer_offset=1, num_experts=2,
         num_experts_per_tok=1, mamba_d_state=state, mamba_d_conv=4,
         mamba_expand=2, mamba_dt_rank=4)
@@ -3688,6 +3688,15 @@ def token_bytes(config: dict, kind: str,
     return (key_value_heads(config)       # each head that keeps its own
             * (head_size(config) + value) # keeps a key and a value
             * bytes_per_number)           # of this many bytes a number
+
+
+def every_head_its_own(config: dict) -> dict:
+    """The config with a key and a value for every query head, read again
+    through transformers' class."""
+    heads = config["num_attention_heads"]
+    # both fields: a saved config may carry the count multi_query implied
+    return read_config({**config, "multi_query": False,
+                        "num_key_value_heads": heads})
 
 
 #: Bytes of each number of a Mamba layer's recurrent state: float32 in
@@ -4210,15 +4219,6 @@ def price_model(source, accelerator: Accelerator = Accelerator(),
             "source": config.get("_source"),
             "bytes_per_number": bytes_per_number,
             "defaults": filled_in(fields), **costs}
-
-
-def every_head_its_own(config: dict) -> dict:
-    """The config with a key and a value for every query head, read again
-    through transformers' class."""
-    heads = config["num_attention_heads"]
-    # both fields: a saved config may carry the count multi_query implied
-    return read_config({**config, "multi_query": False,
-                        "num_key_value_heads": heads})
 
 # ── end of the cells saved from notebooks/08_your_model.md ──
 
