@@ -30,7 +30,8 @@ def glue_keys(code: str) -> list[str]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in ("record", "show", "show_table")):
             continue
-        keys += [k.arg for k in node.keywords if k.arg and k.arg not in ("kind", "tol", "formats")]
+        if node.func.attr == "record":      # show's keywords are options
+            keys += [k.arg for k in node.keywords if k.arg and k.arg not in ("kind", "tol")]
         for arg in node.args[:1]:
             literals = ([arg] if not isinstance(arg, (ast.Dict, ast.DictComp)) else
                         (arg.keys if isinstance(arg, ast.Dict) else [arg.key]))
