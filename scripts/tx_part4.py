@@ -2150,6 +2150,34 @@ def sliding_pairs(n: int, window: int) -> int:
     return ramp + full
 
 
+def global_pairs(n: int, window: int, n_global: int) -> int:
+    """Pairs of a causal sliding window plus n_global positions that
+    every later query may read."""
+    tx.check_positive(n=n, window=window)
+    tx.check_nonnegative(n_global=n_global)
+    # global key c adds the queries outside its window: c + window ≤ i < n
+    extra = sum(max(0, n - c - window) for c in range(min(n_global, n)))
+    return sliding_pairs(n, window) + extra
+
+
+def pair_table(cases=((16, 4, 0), (16, 3, 0), (16, 3, 2), (8192, 1024, 0))
+               ) -> pd.DataFrame:
+    """Allowed pairs from the formulas and counted in the real masks,
+    for each case (n, window, n_global)."""
+    rows = []
+    for n, window, n_global in cases:
+        allowed = global_pairs(n, window, n_global)
+        mask = causal_mask(n, window, n_global)
+        rows.append({"positions": n, "window": window, "global": n_global,
+                     "causal": causal_pairs(n), "allowed": allowed,
+                     "mask count": int(mask.count_nonzero()),
+                     "share": allowed / causal_pairs(n)})
+    table = pd.DataFrame(rows, index=range(1, len(rows) + 1))
+    table.index.name = "case"
+    table["equal"] = table["allowed"] == table["mask count"]
+    return table
+
+
 def aten_ops(fn, *args, **kwargs) -> list[str]:
     """The names of the ATen operations that fn(*args, **kwargs) runs, in
     order: which kernel ran."""
@@ -2203,34 +2231,6 @@ def causal_time_table(ns=(256, 4096), d: int = 64, seed: int = 0,
             rows[n] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "n"
-    return table
-
-
-def global_pairs(n: int, window: int, n_global: int) -> int:
-    """Pairs of a causal sliding window plus n_global positions that
-    every later query may read."""
-    tx.check_positive(n=n, window=window)
-    tx.check_nonnegative(n_global=n_global)
-    # global key c adds the queries outside its window: c + window ≤ i < n
-    extra = sum(max(0, n - c - window) for c in range(min(n_global, n)))
-    return sliding_pairs(n, window) + extra
-
-
-def pair_table(cases=((16, 4, 0), (16, 3, 0), (16, 3, 2), (8192, 1024, 0))
-               ) -> pd.DataFrame:
-    """Allowed pairs from the formulas and counted in the real masks,
-    for each case (n, window, n_global)."""
-    rows = []
-    for n, window, n_global in cases:
-        allowed = global_pairs(n, window, n_global)
-        mask = causal_mask(n, window, n_global)
-        rows.append({"positions": n, "window": window, "global": n_global,
-                     "causal": causal_pairs(n), "allowed": allowed,
-                     "mask count": int(mask.count_nonzero()),
-                     "share": allowed / causal_pairs(n)})
-    table = pd.DataFrame(rows, index=range(1, len(rows) + 1))
-    table.index.name = "case"
-    table["equal"] = table["allowed"] == table["mask count"]
     return table
 
 
