@@ -28,25 +28,25 @@ book: env
 ## that `make book` renders from
 test: env
 	$(BIN)/ruff check scripts tests
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 ## env: create .venv with the pinned packages and the book's helpers (only when missing or pins changed)
 env: $(STAMP)
 
-PINS := requirements.txt requirements-nodeps.txt
+PINS := requirements.txt requirements-nodeps.txt constraints.txt
 
 $(STAMP): $(PINS) pyproject.toml
 	@if [ -d $(VENV) ] && ! grep -hv '^#' $(PINS) | cmp -s - $(STAMP); then \
 		echo "the pins changed: recreating $(VENV)"; rm -rf $(VENV); fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	grep -hv '^#' $(PINS) > $(STAMP)      # the pins without their comments
 
-## compat: the declared lowest torch and transformers (the build's execution, the number check), then
-## the path Colab takes (`pip install` of the package, each .ipynb alone); own environments and _build/compat
+## compat: the declared lowest torch and transformers, then the path Colab takes (`pip install` of the
+## package); in each, every .ipynb alone in an empty folder and the number check; own environments
 .PHONY: compat
 compat:
 	$(PYTHON) scripts/book.py compat
@@ -117,3 +117,11 @@ site-test: env
 ## whenever requirements*.txt change. The versions go to the job summary in a workflow.
 newest:
 	$(PYTHON) scripts/book.py newest --venv $(VENV) --stamp $(STAMP)
+
+## lock: rewrite constraints.txt, every package .venv holds at its installed version (run it after
+## a change of requirements*.txt and `make env`; `make env` installs within it)
+.PHONY: lock
+lock: env
+	{ echo "# Every package .venv holds, at its version: written by \`make lock\` (pip freeze), read by"; \
+	  echo "# \`make env\` as constraints (pip install -c), so that an install is the same everywhere."; \
+	  $(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.txt

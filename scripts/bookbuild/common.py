@@ -4,7 +4,6 @@ their parse."""
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,8 +11,7 @@ NOTEBOOKS = ROOT / "notebooks"
 NUMBERS = ROOT / "numbers.toml"
 LEDGER = ROOT / "book" / "ledger.md"
 EXERCISES = ROOT / "book" / "exercises.md"
-# `make compat` builds apart (BOOK_BUILD_DIR)
-BUILD = Path(os.environ.get("BOOK_BUILD_DIR") or ROOT / "_build")
+BUILD = ROOT / "_build"
 CACHE = BUILD / ".jupyter_cache"
 MODULE = ROOT / "scripts" / "tx_part4.py"
 
@@ -60,22 +58,11 @@ def repository_url() -> str:
     return book_config()["repository"]["url"]
 
 
-_PARSED: dict[tuple, object] = {}
-
-
-def read_md(path: Path, copy: bool = False):
-    """Read a MyST-markdown notebook with jupytext, once while the file is
-    unchanged. The notebook is shared by every caller: one that edits it
-    asks for a `copy`."""
-    import copy as copying
-
+def read_md(path: Path):
+    """Read a MyST-markdown notebook with jupytext."""
     import jupytext
 
-    stat = path.stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _PARSED:
-        _PARSED[key] = jupytext.read(path, fmt="md:myst")
-    return copying.deepcopy(_PARSED[key]) if copy else _PARSED[key]
+    return jupytext.read(path, fmt="md:myst")
 
 
 def module_constant(name: str):

@@ -45,7 +45,8 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 KERNEL_CONFIG = {"KernelManager": {"transport_encryption": "auto"}}
 STAMP_FILES = ("scripts/tx_part4.py", "scripts/tx_model_configs",
                "measurements", "requirements.txt",
-               "requirements-nodeps.txt", "pyproject.toml")
+               "requirements-nodeps.txt", "constraints.txt",
+               "pyproject.toml")
 STAMP_PACKAGES = ("torch", "transformers", "numpy", "pandas",
                   "matplotlib", "ipykernel", "myst-nb")
 STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY",
@@ -58,19 +59,16 @@ HINT = module_constant("HINT")
 
 def kernel_config():
     """The traitlets config of every kernel the build, the tests and
-    compat start (empty where jupyter_client cannot encrypt)."""
-    from jupyter_client.manager import KernelManager
+    compat start."""
     from traitlets.config import Config
 
-    if "transport_encryption" not in KernelManager.class_traits():
-        return Config()
     return Config(KERNEL_CONFIG)
 
 
 def inputs_digest(root: Path = ROOT) -> str:
     """One hash of everything a page's outputs depend on besides its code
     cells."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import version
 
     digest = hashlib.sha256(sys.version.encode())
     for name in STAMP_FILES:
@@ -82,19 +80,10 @@ def inputs_digest(root: Path = ROOT) -> str:
             digest.update(f"\0{file.relative_to(root)}\0".encode())
             digest.update(file.read_bytes() if file.exists() else b"-")
     for package in STAMP_PACKAGES:
-        try:
-            digest.update(f"\0{package} {version(package)}".encode())
-        except PackageNotFoundError:
-            digest.update(f"\0{package} -".encode())
+        digest.update(f"\0{package} {version(package)}".encode())
     for variable in STAMP_VARIABLES:
         digest.update(f"\0{variable}={os.environ.get(variable)}".encode())
     return digest.hexdigest()[:20]
-
-
-def fresh_requested(fresh: bool = False) -> bool:
-    """`--fresh`, or FRESH=1 in the environment (`make book FRESH=1`)."""
-    flag = os.environ.get("FRESH", "").lower() in ("1", "true", "yes")
-    return fresh or flag
 
 
 def open_cache(fresh: bool = False, read_only: bool = False):
@@ -145,27 +134,14 @@ def run_alone(path: str, env: dict[str, str] | None = None):
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as cwd:
         try:
-            # "immediate": no 2 s of a graceful kernel teardown
+            # the kernel shuts down gracefully: its Python's teardown runs
             run_notebook(notebook, cwd=cwd, timeout=TIMEOUT,
                          allow_errors=False, record_timing=False,
-                         shutdown_kernel="immediate",
                          config=kernel_config())
         except (CellExecutionError, CellTimeoutError):
             return (path, time.perf_counter() - start,
                     traceback.format_exc(), None)
     return path, time.perf_counter() - start, None, notebook
-
-
-def failing_cell(md: Path, traceback: str) -> str:
-    """The failed cell, by its line in the .md (nbclient quotes it)."""
-    quoted = traceback.split("------------------")
-    if len(quoted) >= 2 and quoted[1].strip():
-        text, first = md.read_text(encoding="utf-8"), quoted[1].strip()
-        for probe in (first, first.splitlines()[0]):
-            if probe in text:
-                line = text[:text.index(probe)].count("\n") + 1
-                return f"the code cell at line {line}"
-    return "a cell (see the traceback)"
 
 
 def execute(only: list[str] | None = None,
@@ -174,7 +150,7 @@ def execute(only: list[str] | None = None,
     largest first, into the cache. Returns each one's seconds."""
     from jupyter_cache.base import CacheBundleIn
 
-    cache = open_cache(fresh_requested(fresh) and not only)
+    cache = open_cache(fresh and not only)
     paths = [p for p in notebook_sources() if not only or p.stem in only]
     todo = sorted(stale(cache, paths), key=lambda p: -p.stat().st_size)
     times, errors, start = {}, [], time.perf_counter()
@@ -186,12 +162,10 @@ def execute(only: list[str] | None = None,
             times[stem] = round(seconds, 2)
             print(f"  {stem:35s} {seconds:6.1f} s"
                   + ("  FAILED" if error else ""))
-            if error is not None:
+            if error is not None:       # nbclient quotes the cell
                 marker = "An error occurred while executing"
-                shown = error[error.find(marker):] if marker in error \
-                    else error
-                where = failing_cell(Path(path), error)
-                errors.append(f"notebooks/{stem}.md, {where}:\n{shown}")
+                errors.append(f"notebooks/{stem}.md: "
+                              + error[max(error.find(marker), 0):])
                 continue
             cache.cache_notebook_bundle(
                 CacheBundleIn(notebook, path,

@@ -4,7 +4,6 @@ of every part, its question and a link to it)."""
 
 from __future__ import annotations
 
-import html as html_module
 import re
 from pathlib import Path
 
@@ -34,35 +33,19 @@ def default_meaning(key: str) -> str:
     return ""
 
 
-def inline_html(text: str) -> str:
-    """Plain text as HTML, with `backticks` set as code, as MyST would set
-    them."""
-    parts = html_module.escape(text).split("`")
-    return "".join(f'<code class="docutils literal notranslate">{part}</code>' if i % 2 else part
-                   for i, part in enumerate(parts))
-
-
-LEDGER_COLUMNS = (("key", "left"), ("meaning", "left"), ("kind", "left"), ("tolerance", "right"),
-                  ("published", "right"), ("this build", "right"), ("ratio / threshold", "right"),
-                  ("status", "left"))
+LEDGER_COLUMNS = ("key", "meaning", "kind", "tolerance", "published",
+                  "this build", "ratio / threshold", "status")
 
 
 def ledger_table(rows: list[list[str]]) -> list[str]:
-    """One page's rows as a raw HTML table, styled as the theme styles a
-    Markdown table.
-
-    Raw HTML, not a Markdown table: Sphinx turns each of about 800 Markdown
-    rows into a tree of nodes, and that cost 4 s of every build on a 2-core
-    machine; raw HTML passes through.
-    """
-    head = "".join(f'<th class="head" style="text-align: {align}">{name}</th>'
-                   for name, align in LEDGER_COLUMNS)
-    body = ["<tr>" + "".join(f'<td style="text-align: {align}">{inline_html(cell)}</td>'
-                             for cell, (_, align) in zip(row, LEDGER_COLUMNS)) + "</tr>"
-            for row in rows]
-    return ["```{raw} html", '<div class="pst-scrollable-table-container">',
-            '<table class="table ledger">', f"<thead><tr>{head}</tr></thead>", "<tbody>",
-            *body, "</tbody></table></div>", "```"]
+    """One page's rows as a Markdown table (numbers right-aligned), of
+    class `ledger` (the PDF prints it small)."""
+    def line(cells) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") or " "
+                                 for c in cells) + " |"
+    align = [":--", ":--", ":--", "--:", "--:", "--:", "--:", ":--"]
+    return ["```{table}", ":class: ledger", "", line(LEDGER_COLUMNS),
+            "|" + "|".join(align) + "|", *map(line, rows), "```"]
 
 
 def claims_summary(glued: dict[str, dict[str, Glued]]) -> str:
@@ -139,12 +122,6 @@ def exercises(md: Path) -> list[tuple[str, str]]:
             EXERCISE.finditer(md.read_text(encoding="utf-8"))]
 
 
-def questions(md: Path) -> dict[str, str]:
-    """Each exercise's question (the directive's body), by label."""
-    return {m["label"]: m["body"].strip() for m in
-            EXERCISE.finditer(md.read_text(encoding="utf-8"))}
-
-
 def page_title(md: Path) -> str:
     """A notebook's title: its first heading outside code cells (a `# ` line
     in a code cell is a comment, such as the Colab cell's first line)."""
@@ -167,14 +144,14 @@ def exercises_text() -> str:
              "in the [ledger](ledger.md)). On the pages the solutions are "
              "collapsed: try first.", ""]
     for md in notebook_sources():
-        found, asked = exercises(md), questions(md)
+        found = list(EXERCISE.finditer(md.read_text(encoding="utf-8")))
         if not found:
             continue
         lines += [f"## [{page_title(md)}](../notebooks/{md.stem}.md)", ""]
-        for label, title in found:
-            lines.append(f"- {{numref}}`{label}`" + (f": {title}" if title
-                                                      else ""))
-            body = asked[label].splitlines()
+        for m in found:
+            lines.append(f"- {{numref}}`{m['label']}`"
+                         + (f": {m['title']}" if m["title"] else ""))
+            body = m["body"].strip().splitlines()
             lines += ["", *(f"  {line}".rstrip() for line in body), ""]
     return "\n".join(lines)
 

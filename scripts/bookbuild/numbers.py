@@ -5,6 +5,7 @@ build's values into numbers.toml and shows the diff."""
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import math
 import os
@@ -34,46 +35,24 @@ def load_expected(path: Path = NUMBERS) -> dict[str, dict[str, dict]]:
     return data
 
 
-def toml_value(value) -> str:
-    """A bool, int, float, str or list of them written as TOML."""
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else
-                                                         ("inf" if value > 0 else "-inf"))
-    return json.dumps(str(value), ensure_ascii=False)
-
-
 def toml_key(key: str) -> str:
     """A TOML key, quoted unless it is bare."""
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
 
 
-def dump_expected(data: dict[str, dict[str, dict]]) -> str:
-    """numbers.toml as text: one line per key, pages in order, keys in the
-    order glued."""
-    lines = [
-        "# The expected value of every number the book glues: one line per key, one table per page.",
-        "# kind: exact (counts) | close (floats, relative tol) | seeded (random but seeded, tol)",
-        "#       | measured (machine-dependent: a number, or with `values` a phrase that must be one",
-        "#         of them) | recorded (from a committed GPU record: checked to be a number).",
-        "# threshold: a claim (tx.claim), an exact boolean that holds while its measured ratio",
-        "#         exceeds the threshold; the ledger shows the ratio. published: the value the",
-        "#         companion articles print, if any.",
-        "# Update with `make numbers`, which shows the diff. meaning/published/kind/tol are kept.",
-    ]
+def dump_expected(data: dict[str, dict[str, dict]], header: str) -> str:
+    """numbers.toml as text: the header comment, one line per key, pages
+    in order, keys in the order glued (a value as JSON writes it is TOML).
+    """
+    lines = [header.rstrip("\n")]
     for page in sorted(data):
-        lines.append("")
-        lines.append(f"[{toml_key(page)}]")
+        lines += ["", f"[{toml_key(page)}]"]
         for key, entry in data[page].items():
-            fields = ", ".join(f"{name} = {toml_value(entry[name])}"
-                               for name in ("kind", "value", "values", "threshold", "tol",
-                                            "published", "meaning")
-                               if entry.get(name) is not None)
+            fields = ", ".join(
+                f"{name} = {json.dumps(entry[name], ensure_ascii=False)}"
+                for name in ("kind", "value", "values", "threshold", "tol",
+                             "published", "meaning")
+                if entry.get(name) is not None)
             lines.append(f"{toml_key(key)} = {{ {fields} }}")
     return "\n".join(lines) + "\n"
 
@@ -205,27 +184,23 @@ def compare(expected: dict[str, dict[str, dict]], glued: dict[str, dict[str, Glu
 
 
 def fmt(value) -> str:
-    """A value as the drift table shows it."""
+    """A value as the drift table and the ledger show it."""
     if value is None:
         return "—"
-    if isinstance(value, (bool, str)):
-        return str(value)
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:.10g}"
-    return str(value)
+    return f"{value:.10g}" if isinstance(value, float) else str(value)
 
 
 def problem_table(problems: list[Problem]) -> str:
     """The drift table, one row per problem, readable in a terminal."""
-    rows = [("page", "key", "kind", "expected", "got", "ratio / threshold", "what")]
-    rows += [(p.page, p.key, p.kind, fmt(p.expected), fmt(p.got), p.margin or "—", p.reason)
-             for p in problems]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    import pandas as pd
+
+    rows = [(p.page, p.key, p.kind, fmt(p.expected), fmt(p.got),
+             p.margin or "—", p.reason) for p in problems]
+    columns = ["page", "key", "kind", "expected", "got",
+               "ratio / threshold", "what"]
+    return pd.DataFrame(rows, columns=columns).to_string(index=False)
 
 
 def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> None:
@@ -237,8 +212,6 @@ def check_numbers(only: list[str] | None = None, glued: dict | None = None) -> N
     problems = compare(expected, glued)
     total = sum(len(keys) for keys in glued.values())
     if problems:
-        # in a workflow: the same table in the job summary
-        write_step_summary(problems, total)
         fail(f"number check: {len(problems)} problem(s) in {total} glued values\n"
              f"{problem_table(problems)}\n"
              f"If a change is on purpose, run `make numbers`, read the diff, and say so in the commit.")
@@ -270,55 +243,10 @@ def accept_numbers(only: list[str] | None = None) -> None:
             entry["value"] = glued.value
             new[page][key] = entry
     before = NUMBERS.read_text(encoding="utf-8") if NUMBERS.exists() else ""
-    after = dump_expected(new)
+    header = "".join(itertools.takewhile(lambda line: line.startswith("#"),
+                                         before.splitlines(True)))
+    after = dump_expected(new, header)
     diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(),
                                      "numbers.toml (before)", "numbers.toml (after)", lineterm=""))
     NUMBERS.write_text(after, encoding="utf-8")
     print("\n".join(diff) if diff else "numbers.toml: no change")
-
-
-
-
-def markdown_cell(text: str) -> str:
-    """Text for one cell of a Markdown table: no bar or line break can end
-    the cell early."""
-    return " ".join(str(text).split()).replace("|", "\\|") or " "
-
-
-def markdown_problem_table(problems: list[Problem]) -> str:
-    """The drift table as GitHub-flavoured Markdown: the same columns as
-    problem_table."""
-    rows = [("page", "key", "kind", "expected", "got", "ratio / threshold", "what"),
-            ("---",) * 7]
-    rows += [(p.page, f"`{p.key}`", p.kind, fmt(p.expected), fmt(p.got), p.margin or "—", p.reason)
-             for p in problems]
-    return "\n".join("| " + " | ".join(markdown_cell(c) if i > 1 else c for c in row) + " |"
-                     for i, row in enumerate(rows))
-
-
-def write_step_summary(problems: list[Problem], total: int, environ=None) -> None:
-    """In a GitHub Actions job (GITHUB_STEP_SUMMARY is set): append the
-    drift table to the job's summary, so the failure reads on the run's
-    page. Elsewhere: nothing (the terminal has the table already)."""
-    environ = os.environ if environ is None else environ
-    summary = environ.get("GITHUB_STEP_SUMMARY")
-    if not summary:
-        return
-    text = (f"### Number check: {len(problems)} problem(s) in {total} glued values\n\n"
-            f"{markdown_problem_table(problems)}\n\n"
-            "If a change is on purpose, run `make numbers`, read the diff, and say so in the "
-            "commit.\n\n")
-    with open(summary, "a", encoding="utf-8") as out:
-        out.write(text)
-
-
-def claims_near_threshold(glued: dict[str, dict[str, Glued]]) -> list[str]:
-    """One line per claim whose margin (ratio ÷ threshold) is under 2,
-    smallest margin first: the claims that another machine may flip. Not a
-    warning: the check passed; a maintainer reads it."""
-    close = sorted((g.margin, key, page) for page, keys in glued.items()
-                   for key, g in keys.items() if g.margin is not None and g.margin < 2)
-    return [f"claims near their threshold: {key} ({page}) {margin:.2f}"
-            for margin, key, page in close]
-
-

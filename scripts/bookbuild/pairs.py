@@ -6,6 +6,7 @@ wider than the page. `sync` rewrites the pairs and the module's blocks."""
 from __future__ import annotations
 
 import ast
+import difflib
 import hashlib
 import re
 from pathlib import Path
@@ -42,7 +43,7 @@ def ipynb_text(md_path: Path) -> str:
     writes it."""
     import jupytext
 
-    notebook = read_md(md_path, copy=True)
+    notebook = read_md(md_path)
     seen: dict[str, int] = {}
     for cell in notebook.cells:
         if cell.cell_type == "code":
@@ -59,11 +60,18 @@ def first_code_cell(notebook):
     return next((c for c in notebook.cells if c.cell_type == "code"), None)
 
 
+def cells(text: str) -> list[tuple]:
+    """An .ipynb's cells as the pair check compares them."""
+    import nbformat
+
+    notebook = nbformat.reads(text, as_version=4)
+    return [(c.cell_type, c.source, c.get("outputs"),
+             c.get("execution_count")) for c in notebook.cells]
+
+
 def check_sync() -> None:
     """Every .md has an .ipynb with the same cells and no outputs, and
     starts with the Colab cell."""
-    import nbformat
-
     problems = []
     sources = notebook_sources()
     if not sources:
@@ -78,25 +86,10 @@ def check_sync() -> None:
         ipynb = md.with_suffix(".ipynb")
         if not ipynb.exists():
             problems.append(f"{rel(ipynb)}: missing (run `make sync`)")
-            continue
-        text, want_text = ipynb.read_text(encoding="utf-8"), ipynb_text(md)
-        if text == want_text:
-            # exactly what `make sync` writes: no need to look closer
-            continue
-        committed = nbformat.reads(text, as_version=4)
-        for index, cell in enumerate(committed.cells):
-            if cell.cell_type == "code" and (cell.outputs or cell.execution_count):
-                problems.append(f"{rel(ipynb)}: cell {index} carries outputs (run `make sync`)")
-        expected = nbformat.reads(want_text, as_version=4)
-        pairs = list(zip(committed.cells, expected.cells))
-        if len(committed.cells) != len(expected.cells):
-            problems.append(f"{rel(ipynb)}: {len(committed.cells)} cells, its .md has "
-                            f"{len(expected.cells)} (run `make sync`)")
-        for index, (have, want) in enumerate(pairs):
-            if (have.cell_type, have.source) != (want.cell_type, want.source):
-                problems.append(f"{rel(ipynb)}: cell {index} differs from its .md "
-                                f"(run `make sync`)")
-                break
+        elif cells(ipynb.read_text(encoding="utf-8")) != cells(
+                ipynb_text(md)):
+            problems.append(f"{rel(ipynb)}: differs from its .md or "
+                            "carries outputs (run `make sync`)")
     if problems:
         fail("notebook pairs out of sync:\n  " + "\n  ".join(problems))
     print(f"pairs: {len(sources)} notebooks in sync, no outputs")
@@ -157,10 +150,10 @@ def sync() -> None:
         if ipynb.exists() and ipynb.stat().st_mtime > md.stat().st_mtime:
             edited = jupytext.read(ipynb)
             if [c.source for c in edited.cells] != [c.source for c in read_md(md).cells]:
-                edited.metadata = read_md(md, copy=True).metadata      # keep the .md's header
+                edited.metadata = read_md(md).metadata      # keep the .md's header
                 jupytext.write(edited, md, fmt="md:myst")
                 print(f"{rel(md)}: updated from the newer {ipynb.name}")
-        notebook = read_md(md, copy=True)
+        notebook = read_md(md)
         cell = first_code_cell(notebook)
         colab = new_code_cell(colab_cell(), metadata={"tags": ["remove-cell"]})
         if cell is not None and cell.source.lstrip().startswith("# Colab only"):
@@ -233,56 +226,32 @@ def module_blocks(text: str) -> dict[str, str]:
     return {m["page"]: m[0] for m in pattern.finditer(text)}
 
 
-def definitions(code: str) -> dict[str, str]:
-    """Each top-level name a block defines, with its source (a block that
-    does not parse: {})."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return {}
-    found = {}
-    for node in tree.body:
-        names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                 [t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
-                  if isinstance(t, ast.Name)])
-        for name in names:
-            found[name] = ast.get_source_segment(code, node)
-    return found
-
-
-def same_body(want: str | None, have: str | None) -> bool:
-    """Two copies of a block that differ only in the wording of their first
-    line (an older `make sync` wrote a longer one; the next `make sync`
-    rewrites it)."""
-    return bool(want and have) and want.split("\n", 1)[1:] == have.split("\n", 1)[1:]
-
-
 def check_saved(module: Path = MODULE) -> None:
     """Every notebook's saved cells stand, character for character, in
     tx_part4.py.
 
-    Fails naming each function or class that differs: the cell a reader
-    edits and the module the later parts import must never silently
-    disagree."""
+    Fails showing the first line that differs: the cell a reader edits
+    and the module the later parts import must never silently disagree."""
     text = module.read_text(encoding="utf-8")
     blocks = module_blocks(text)
     problems = [f"{rel(module)} holds {count} blocks for notebooks/{page}.md: keep one"
                 for page in blocks if (count := text.count(f"# ── saved from notebooks/{page}.md")) > 1]
     for md in notebook_sources():
         want, have = saved_block(md), blocks.pop(md.stem, None)
-        if want == have or same_body(want, have):
+        if want == have:
             continue
         if want is None:
-            problems.append(f"{rel(module)} holds a block for {rel(md)}, which saves no cell")
-            continue
-        if have is None:
-            problems.append(f"{rel(module)} has no block for {rel(md)}'s saved cells")
-            continue
-        cell_defs, module_defs = definitions(want), definitions(have)
-        names = sorted({name for name in cell_defs.keys() | module_defs.keys()
-                        if cell_defs.get(name) != module_defs.get(name)})
-        what = ", ".join(f"`{name}`" for name in names) or "the order or spacing of its cells"
-        problems.append(f"{rel(md)} and {rel(module)} disagree on {what}")
+            problems.append(f"{rel(module)} holds a block for {rel(md)}, "
+                            "which saves no cell")
+        elif have is None:
+            problems.append(f"{rel(module)} has no block for {rel(md)}'s "
+                            "saved cells")
+        else:
+            first = next(line for line in difflib.unified_diff(
+                have.splitlines(), want.splitlines(), n=0, lineterm="")
+                if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+            problems.append(f"{rel(md)} and {rel(module)} disagree: "
+                            f"{first.strip()[:70]}")
     problems += [f"{rel(module)} holds a block for notebooks/{page}.md, which does not exist"
                  for page in blocks]
     if problems:

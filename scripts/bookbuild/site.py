@@ -5,71 +5,13 @@ Sphinx never executes: the build fails first if a page is not cached."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from bookbuild.common import (
-    BUILD,
-    CACHE,
-    ROOT,
-    book_config,
-    fail,
-    rel,
-    repository_url,
-)
+from bookbuild.common import BUILD, CACHE, ROOT, fail, rel
 from bookbuild.execute import require_executed
-
-# ── in a workflow: the site names the workflow's repository ──
-
-#: _config.yml as the site's render reads it when the site names another
-#: repository.
-SITE_CONFIG = BUILD / "_config.site.yml"
-
-
-def site_repository_url(environ=None) -> str:
-    """The repository the site's launch and repository buttons name.
-
-    In a GitHub Actions workflow, the workflow's own (GITHUB_REPOSITORY): a
-    fork's site opens the fork's notebooks, with no edit. Elsewhere, the one
-    _config.yml names."""
-    environ = os.environ if environ is None else environ
-    name = environ.get("GITHUB_REPOSITORY", "").strip().strip("/")
-    return f"https://github.com/{name}" if name else repository_url()
-
-
-def site_config_option(environ=None) -> list[str]:
-    """`--config FILE` for `jupyter-book build` when the site names another
-    repository than _config.yml (FILE: _config.yml with that
-    repository.url); no option otherwise.
-
-    Jupyter Book 1 takes no single-key override on its command line, and
-    reads the buttons' repository from repository.url; _config.yml itself
-    keeps the default for local builds. Jupyter Book resolves
-    local_extensions against the config file's folder: written absolute."""
-    import yaml
-
-    url = site_repository_url(environ)
-    if url == repository_url():
-        return []
-    config = book_config()
-    config["repository"]["url"] = url
-    extensions = config.get("sphinx", {}).get("local_extensions") or {}
-    for name, folder in extensions.items():
-        extensions[name] = str((ROOT / folder).resolve())
-    SITE_CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    SITE_CONFIG.write_text("# Written by scripts/book.py html: _config.yml,"
-                           " with the repository of "
-                           "the workflow (GITHUB_REPOSITORY).\n"
-                           + yaml.safe_dump(config, sort_keys=False,
-                                            allow_unicode=True),
-                           encoding="utf-8")
-    print(f"site: the buttons name {url} (GITHUB_REPOSITORY), "
-          f"not {repository_url()}")
-    return ["--config", str(SITE_CONFIG)]
-
 
 
 def jupyter_book(builder: str, fresh: bool) -> list[str]:
@@ -77,7 +19,7 @@ def jupyter_book(builder: str, fresh: bool) -> list[str]:
     page again; pages paste values from other pages)."""
     command = [str(Path(sys.executable).with_name("jupyter-book")), "build",
                str(ROOT), "--builder", builder, "-W", "-n", "--keep-going"]
-    return command + site_config_option() + (["--all"] if fresh else [])
+    return command + (["--all"] if fresh else [])
 
 
 def cache_state() -> str:

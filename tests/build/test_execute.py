@@ -52,7 +52,7 @@ def root(tmp_path):
 
 @pytest.mark.parametrize("name", [
     "scripts/tx_part4.py", "requirements.txt", "requirements-nodeps.txt",
-    "pyproject.toml", "measurements/h200-2026-11-30.json"])
+    "constraints.txt", "pyproject.toml", "measurements/h200-2026-11-30.json"])
 def test_the_module_a_pin_or_a_record_changes_the_stamp(root, name):
     before = execute.inputs_digest(root)
     with open(root / name, "a", encoding="utf-8") as file:
@@ -134,18 +134,6 @@ def test_reading_a_cache_of_other_inputs_fails_and_keeps_it(book,
         execute.glued_values()
     monkeypatch.setattr(execute, "inputs_digest", lambda: "v1")
     assert execute.stale(execute.open_cache(), [book]) == []
-
-
-@pytest.mark.parametrize("environ, fresh", [
-    ({}, False), ({"FRESH": "1"}, True), ({"FRESH": "0"}, False),
-    ({"CI": "true"}, False), ({"CI": "true", "FRESH": "1"}, True)])
-def test_only_fresh_asks_for_a_fresh_build(monkeypatch, environ, fresh):
-    """CI alone does not: the stamp makes an incremental build correct."""
-    for name in ("CI", "FRESH"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in environ.items():
-        monkeypatch.setenv(name, value)
-    assert execute.fresh_requested() is fresh
 
 
 def test_a_notebook_runs_in_an_empty_folder_without_a_warning(tmp_path):

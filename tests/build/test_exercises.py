@@ -1,6 +1,6 @@
 """Exercises: every one has a solution that the build runs, collapsed on the page, whose glued
 numbers all start with `ex_` (so the ledger and numbers.toml tell them apart); the exercises page
-lists them all. The rendered-page check is in tests/test_site_exercises.py."""
+lists them all. The rendered-page check is in tests/site/test_site_exercises.py."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ report all of them at once, and so that the tests of the tests can feed them a b
 from __future__ import annotations
 
 import functools
+import http.server
 import re
+import threading
 from collections import Counter
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
@@ -466,3 +468,33 @@ def truncated_outputs(html_dir: Path = HTML, pages: list[str] | None = None) -> 
                 marks += [repr(m.group()) for m in SHAPE_LINE.finditer(output.get_text(" "))]
                 problems += [f"{where} is cut short by pandas: {mark}" for mark in marks]
     return problems
+
+
+# ── a server for the browser tests ───────────────────────────────────────────────────────
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """Serve files without a log line per request."""
+
+    def log_message(self, *args) -> None:
+        """Say nothing."""
+
+
+class Server:
+    """Serve a folder on 127.0.0.1 at a free port, in a thread, until
+    stopped."""
+
+    def __init__(self, folder: Path):
+        handler = functools.partial(QuietHandler, directory=str(folder))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)

@@ -1,9 +1,9 @@
 """The book as a PDF: `make pdf`'s _build/pdf/why-self-attention.pdf, read back with pypdf.
 
-It holds a title page, a contents list with page numbers, and every page of _toc.yml in order,
-each starting where the contents says; every page carries "page / pages"; the numbers the prose
+It holds every page of _toc.yml in order, each with a bookmark (from its heading) where it
+starts; every page carries "page / pages"; every dropdown prints open; the numbers the prose
 pastes and the tables show are there as text, as numbers.toml promises them; no formula is left as
-raw TeX; every figure is there; the bookmarks follow the contents; the site links the PDF.
+raw TeX; every figure is there; the site links the PDF.
 SKIPS without the PDF, or with one older than the site (run `make book`, then `make pdf`); with
 --require-site (.ci/run, after `make pdf`) both are failures. The last tests need no PDF: `make pdf`
 without an executed build, or with a stale notebook, stops with one line that says what to run.
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+import book
 import sitekit
 from bookbuild import common, execute, pdf
 from sitekit import HTML, ROOT
 
 PDF = pdf.PDF
-NUMBERED = re.compile(r"^(?P<title>.*?\S)\s+(?P<page>\d+)$")
 
 
 def flat(text: str) -> str:
@@ -91,29 +91,28 @@ def site_titles() -> list[tuple[str, list[str]]]:
 
 
 @functools.cache
-def contents(printed: Printed) -> list[tuple[str, int]]:
-    """The contents list as printed: (entry, page number), read from the pages after the title."""
-    entries, index = [], 1
-    first = printed.reader.pages[index].extract_text()
-    assert first.lstrip().startswith("Contents"), f"page 2 is not the contents:\n{first[:300]}"
-    while True:
-        lines = printed.reader.pages[index].extract_text().splitlines()
-        for line in lines:
-            match = NUMBERED.match(flat(line))
-            if match and not re.fullmatch(r"\d+ / \d+", flat(line)):
-                entries.append((flat(match["title"]), int(match["page"])))
-        index += 1
-        if not entries or index >= entries[0][1] - 1:      # the contents end where the book starts
-            return entries
+def bookmarks(printed: Printed) -> list[tuple[str, int]]:
+    """The PDF's outline, flattened in order: (title, page number)."""
+    marks = []
+
+    def walk(items):
+        for item in items:
+            if isinstance(item, list):
+                walk(item)
+            else:
+                marks.append((flat(item.title).removesuffix("#").strip(),
+                              printed.reader.get_destination_page_number(item) + 1))
+    walk(printed.reader.outline)
+    return marks
 
 
 def chapter_starts(printed: Printed) -> list[int | None]:
-    """The page number the contents gives each page of _toc.yml, in order (None: not listed).
-    Read in order: a later entry may repeat a title (the exercises page has a section per part)."""
-    listed, starts, at = contents(printed), [], 0
+    """The page of each page of _toc.yml's bookmark, in order (None: no bookmark). Read in
+    order: a later heading may repeat a title (the exercises page has a section per part)."""
+    marks, starts, at = bookmarks(printed), [], 0
     for title, _ in site_titles():
-        found = next((i for i in range(at, len(listed)) if listed[i][0] == title), None)
-        starts.append(None if found is None else listed[found][1])
+        found = next((i for i in range(at, len(marks)) if marks[i][0] == title), None)
+        starts.append(None if found is None else marks[found][1])
         at = at if found is None else found + 1
     return starts
 
@@ -129,25 +128,17 @@ def chapter_ranges(printed: Printed) -> dict[str, range]:
 # ── the PDF ───────────────────────────────────────────────────────────────────────────────
 
 
-def test_the_contents_list_every_page_in_toc_order_where_it_starts(printed):
-    listed = contents(printed)
-    titles = [title for title, _ in listed]
+def test_every_page_has_a_bookmark_in_toc_order_where_it_starts(printed):
     problems, previous = [], 0
-    for (title, sections), page in zip(site_titles(), chapter_starts(printed)):
+    for (title, _), page in zip(site_titles(), chapter_starts(printed)):
         if page is None:
-            problems.append(f"{title!r} is not in the contents, in TOC order")
+            problems.append(f"no bookmark {title!r} (after page {previous})")
             continue
         if page <= previous:
             problems.append(f"{title!r} on page {page}, not after page {previous}: not TOC order")
         previous = page
         if title not in printed.text(page - 1):
-            problems.append(f"the contents put {title!r} on page {page}, which lacks it")
-        missing = [s for s in sections if s not in titles]
-        if missing:
-            problems.append(f"{title!r}: sections {missing} are not in the contents")
-    for title, page in listed:          # every section entry, too, is on the page it names
-        if title not in printed.text(page - 1) and title not in dict(site_titles()):
-            problems.append(f"the contents put {title!r} on page {page}, which lacks it")
+            problems.append(f"the bookmark puts {title!r} on page {page}, which lacks it")
     assert not problems, "\n".join(problems)
 
 
@@ -235,24 +226,6 @@ def test_every_figure_is_in_the_pdf(printed):
     assert wanted and images >= wanted, f"{images} images in the PDF, {wanted} figure cells"
 
 
-def test_the_bookmarks_follow_the_contents(printed):
-    marks = []
-
-    def walk(items):
-        for item in items:
-            if isinstance(item, list):
-                walk(item)
-            else:
-                marks.append((item.title, printed.reader.get_destination_page_number(item) + 1))
-    walk(printed.reader.outline)
-    at = 0
-    for (title, _), page in zip(site_titles(), chapter_starts(printed)):   # in order, as read
-        found = next((i for i in range(at, len(marks)) if marks[i][0] == title), None)
-        assert found is not None, f"no bookmark {title!r} after {marks[at - 1] if at else 'the start'}"
-        assert marks[found][1] == page, (title, marks[found][1], page)
-        at = found + 1
-
-
 def test_the_site_links_the_pdf(printed):
     copy = HTML / pdf.PDF_NAME
     assert copy.is_file() and copy.read_bytes() == PDF.read_bytes(), \
@@ -269,7 +242,7 @@ def test_the_site_links_the_pdf(printed):
 
 def test_make_pdf_without_an_executed_build_says_what_to_run(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(pdf, "CACHE", tmp_path / "no-cache")
-    assert pdf.main([]) == 1
+    assert book.main(["pdf"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "run `make book`" in err, err
 
@@ -286,7 +259,7 @@ def test_make_pdf_with_a_stale_notebook_says_what_to_run(monkeypatch, tmp_path, 
         encoding="utf-8")
     monkeypatch.setattr(execute, "notebook_sources", lambda: [changed])
     monkeypatch.setattr(pdf, "render", lambda: pytest.fail("rendered from a stale cache"))
-    assert pdf.main([]) == 1
+    assert book.main(["pdf"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and source.name in err and "run `make book`" in err, err
 

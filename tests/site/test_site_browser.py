@@ -33,8 +33,8 @@ import pytest
 
 import sitekit
 from bookbuild import common, execute
-from bookbuild.pdf import BROWSER_FLAGS, CHROMEDRIVER, CHROMIUM, Server  # noqa: E402  (one browser set-up for the book)
-from sitekit import HTML, ROOT, SCREENSHOTS
+from bookbuild.pdf import BROWSER_FLAGS, CHROMEDRIVER, CHROMIUM  # noqa: E402  (one browser set-up for the book)
+from sitekit import HTML, ROOT, SCREENSHOTS, Server
 
 FLAGS = BROWSER_FLAGS + ["--window-size=1280,900"]
 LOAD_TIMEOUT = 30        # seconds for one page

@@ -33,7 +33,8 @@ def test_the_exercises_page_names_each_part_and_each_exercise(site):
     for stem in PAGES:
         md = common.NOTEBOOKS / f"{stem}.md"
         assert any(ledger.page_title(md) in h for h in headings), (stem, headings)
-        questions = ledger.questions(md)
+        questions = {m["label"]: m["body"] for m in
+                     ledger.EXERCISE.finditer(md.read_text(encoding="utf-8"))}
         for label, title in ledger.exercises(md):
             # the question's first words, as text (no math, no markup)
             words = " ".join(questions[label].split()[:3])

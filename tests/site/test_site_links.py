@@ -23,7 +23,7 @@ def test_every_internal_link_and_image_resolves(site):
     pages = sitekit.html_pages(site)
     assert len(pages) >= 3, f"too few pages to be the book: {pages}"
     problems = sitekit.link_problems(site, pages)
-    if not (site / PDF_NAME).exists():     # `make pdf` adds it (tests/test_pdf.py checks the link)
+    if not (site / PDF_NAME).exists():     # `make pdf` adds it (tests/site/test_pdf.py checks the link)
         problems = [p for p in problems if f'{PDF_NAME}"> names a missing file' not in p]
     assert not problems, f"{len(problems)} broken link(s):\n" + "\n".join(problems)
 
@@ -80,7 +80,7 @@ def test_the_bibliography_has_entries_and_every_citation_lands_on_one(site):
 
 def test_the_bibliography_is_a_list_of_list_items(site):
     """Screen readers read the entries as a list: role="listitem" in role="list"
-    (scripts/accessible_citations.py), not docutils' deprecated role="doc-biblioentry"."""
+    (scripts/sphinx_ext/book_extensions.py), not docutils' deprecated role="doc-biblioentry"."""
     bib_page, _ = bibliography(site)
     soup = sitekit.parsed((site / bib_page).resolve())
     lists = soup.select(".citation-list")

@@ -2,7 +2,7 @@
 longer than its display options allow, with "..." for the columns or rows it leaves out and a
 line "[N rows x M columns]" (in HTML, "N rows × M columns"). A reader then cannot see the column
 the prose talks about. Read from the HTML files (no browser); the width of each output is the
-browser test's (tests/test_site_browser.py).
+browser test's (tests/site/test_site_browser.py).
 SKIPS without _build/html (run `make book`); with --require-site (.ci/run) that is a failure.
 """
 

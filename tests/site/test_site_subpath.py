@@ -200,12 +200,11 @@ def test_the_pdf_is_served_beside_the_site(site, request):
 
 
 def test_every_part_launches_the_repository_that_publishes_it(site):
-    """Built in a workflow, the buttons name the workflow's repository (GITHUB_REPOSITORY: a fork
-    opens the fork); elsewhere _config.yml's. Every part has a Colab, a Binder and a repository
-    button, and each names that repository."""
-    from bookbuild.site import site_repository_url
+    """Every part has a Colab, a Binder and a repository button, and each names the repository
+    _config.yml names."""
+    from bookbuild.common import repository_url
 
-    repository = urlsplit(site_repository_url()).path.strip("/")
+    repository = urlsplit(repository_url()).path.strip("/")
     problems = []
     for stem in sitekit.notebook_stems():
         page = f"notebooks/{stem}.html"

@@ -1,7 +1,8 @@
 // make pdf: title page, contents and chapter breaks from _toc.yml's entries (arguments[0]).
 // Each entry: [kind, title or null, docname or null]. Returns the contents as
-// {kind, text, target}, target being the id of the heading it links.
-const toc = arguments[0], placeholder = arguments[1], meta = arguments[2];
+// {kind, text, target}, target being the id of the heading it links (no page numbers:
+// the PDF's bookmarks come from the headings).
+const toc = arguments[0], meta = arguments[1];
 const article = document.querySelector('article.bd-article');
 const clean = h => h.textContent.replace(/#\s*$/, '').trim();
 const contents = document.createElement('nav');
@@ -20,11 +21,7 @@ function entry(kind, text, target) {
     const a = document.createElement('a');
     a.href = '#' + target.id; a.textContent = text;
     li.appendChild(a);
-    li.insertAdjacentHTML('beforeend', '<span class="leader"></span>');
-    const page = document.createElement('span');
-    page.className = 'page'; page.id = 'print-page-' + (n++); page.textContent = placeholder;
-    page.dataset.target = target.id;
-    li.appendChild(page);
+    n++;
   } else {
     li.textContent = text;
   }
@@ -68,6 +65,6 @@ title.querySelector('.built').textContent = meta.built;
 article.prepend(title, contents);
 document.title = meta.title;
 const style = document.createElement('style');
-style.textContent = arguments[3];
+style.textContent = arguments[2];
 document.head.appendChild(style);
 return {entries: entries, missing: missing};
