@@ -600,6 +600,8 @@ def table1_terms(n: int, d: int, k: int = 3, r: int = 16) -> dict[str, int]:
     }
 
 
+# registered with the command line's `tables`, which prints it; here
+# the cell after the next prints it
 @tx.cli_table("Part 1 · Table 1, column 1: multiply-adds of one layer "
               "(d = 512, k = 3, r = 16)")
 def cost_table(ns: Iterable[int] = (10, 27, 100, 512, 2048, 8192),
@@ -712,7 +714,7 @@ def hand_check(n: int, d: int) -> dict[str, int]:
     }
 
 
-#: Six English sentences, short to long: ours, not the paper's test set.
+#: Six English sentences, short to long: not the paper's test set.
 SENTENCES = (
     "The cat sat on the mat.",
     "Attention is all you need.",
@@ -988,9 +990,9 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
     `min_time` seconds, at least `min_runs`, at most `max_runs`. Like
     torch.utils.benchmark, it switches off the garbage collector while
     it times and waits for a GPU to finish before it reads the clock
-    (its own harness, because the Timer
-    of torch.utils.benchmark repeats every timed run twice as a warm-up,
-    which triples the cost of the slow cases). `warmup=False` counts the
+    (its own harness, because Timer.timeit(1) of torch.utils.benchmark
+    runs two warm-up executions before the timed one, which triples the
+    cost of the slow cases). `warmup=False` counts the
     first run too: for a long chain of small steps, whose first steps
     warm it up. Returns the median, the quartiles and the runs.
     """
@@ -1001,10 +1003,10 @@ def time_call(fn: Callable, *args, min_runs: int = 3, max_runs: int = 15,
     if not min_time >= 0:
         raise ValueError(f"min_time must be a non-negative number of "
                          f"seconds, got {min_time!r}")
-    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda"
-                 for a in args)
-    # a GPU runs asynchronously: wait for it before reading the clock
-    wait = torch.cuda.synchronize if on_gpu else (lambda: None)
+    # a GPU runs asynchronously: wait for it before reading the clock,
+    # wherever fn's tensors come from (arguments, a closure)
+    wait = (torch.cuda.synchronize if torch.cuda.is_available()
+            else (lambda: None))
 
     def once() -> float:
         wait()                          # nothing left over from before
