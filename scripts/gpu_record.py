@@ -32,22 +32,15 @@ WAITING_NS = (64, 256, 1024, 4096)
 
 
 def waiting_isolated(ns, d: int, device: str, seed: int = 0) -> dict:
-    """n: [one product x U ms, chain h ← tanh(x_i + h U) ms]."""
+    """n: [one product x U ms, the n-step chain h ← tanh(x_t + h U) ms],
+    timed by Part 2's tx.price_of_waiting."""
     g = torch.Generator().manual_seed(seed)
     U = (torch.randn(d, d, generator=g) / math.sqrt(d)).to(device)
     rows = {}
-    with torch.no_grad():
-        for n in ns:
-            x = torch.randn(n, d, generator=g).to(device)
-
-            def chain(x=x):
-                h = torch.zeros(1, d, device=x.device)
-                for i in range(x.shape[0]):     # step i waits for i − 1
-                    h = torch.tanh(x[i:i + 1] + h @ U)
-                return h
-
-            product = tx.time_call(lambda x=x: x @ U)["median"]
-            rows[n] = [1e3 * product, 1e3 * tx.time_call(chain)["median"]]
+    for n in ns:
+        x = torch.randn(n, d, generator=g).to(device)
+        price = tx.price_of_waiting(x, U)
+        rows[n] = [price["product ms"], price["chain ms"]]
     return rows
 
 

@@ -118,26 +118,30 @@ def stale(cache, paths: list[Path]) -> list[Path]:
 
 def run_alone(path: str, env: dict[str, str] | None = None):
     """Execute one notebook (.md or .ipynb) as a learner runs it: in an
-    empty folder, offline, with this project's kernel and `env` in its
-    environment. Returns (path, seconds, error or None, notebook)."""
+    empty folder, offline, with this project's kernel and `env` in the
+    kernel's environment (this process's is left as it is). Returns
+    (path, seconds, error or None, notebook)."""
     import traceback
 
     import nbformat
     from jupyter_cache.readers import get_reader
-    from nbclient import execute as run_notebook
+    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     notebook = (get_reader(READER)(path) if path.endswith(".md")
                 else nbformat.read(path, as_version=4))
-    os.environ.update(MPLBACKEND=INLINE_BACKEND, HF_HUB_OFFLINE="1",
-                      TRANSFORMERS_OFFLINE="1", **(env or {}))
+    kernel_env = {**os.environ, "MPLBACKEND": INLINE_BACKEND,
+                  "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                  **(env or {})}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as cwd:
+        client = NotebookClient(notebook, timeout=TIMEOUT,
+                                allow_errors=False, record_timing=False,
+                                resources={"metadata": {"path": cwd}},
+                                config=kernel_config())
         try:
             # the kernel shuts down gracefully: its Python's teardown runs
-            run_notebook(notebook, cwd=cwd, timeout=TIMEOUT,
-                         allow_errors=False, record_timing=False,
-                         config=kernel_config())
+            client.execute(env=kernel_env)
         except (CellExecutionError, CellTimeoutError):
             return (path, time.perf_counter() - start,
                     traceback.format_exc(), None)
@@ -152,7 +156,9 @@ def execute(only: list[str] | None = None,
 
     cache = open_cache(fresh and not only)
     paths = [p for p in notebook_sources() if not only or p.stem in only]
-    todo = sorted(stale(cache, paths), key=lambda p: -p.stat().st_size)
+    # fresh with pages named: those run again, the rest stay cached
+    todo = sorted(paths if fresh else stale(cache, paths),
+                  key=lambda p: -p.stat().st_size)
     times, errors, start = {}, [], time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(WORKERS) as pool:
         runs = [pool.submit(run_alone, str(path)) for path in todo]

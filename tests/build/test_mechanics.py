@@ -1,6 +1,7 @@
 """The book's mechanics: glue from a real kernel, plain values, the pairs, the command line."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -104,10 +105,13 @@ def test_figures_reach_the_page_even_when_the_environment_says_agg(tmp_path, mon
     header = common.NOTEBOOKS.joinpath("01_costs.md").read_text(encoding="utf-8").split("---", 2)[1]
     page.write_text(f"---{header}---\n\n```{{code-cell}} ipython3\nimport matplotlib.pyplot as plt\n"
                     "plt.plot([1, 2])\nplt.show()\n```\n", encoding="utf-8")
-    _, _, error, notebook = execute.run_alone(str(page))
+    _, _, error, notebook = execute.run_alone(str(page), {"WHY_SELF_ATTENTION_PROBE": "1"})
     assert error is None
     outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    # the kernel's environment, never this process's (a later stamp reads it)
+    assert os.environ["MPLBACKEND"] == "Agg"
+    assert "WHY_SELF_ATTENTION_PROBE" not in os.environ
 
 
 def test_a_saved_function_edited_without_sync_fails_showing_the_line(tmp_path, monkeypatch):
