@@ -687,7 +687,7 @@ def measured_counts(n: int = 27, d: int = 512, k: int = 3,
          flops(attention_core, q, kk, v)),
         ("self-attention projections", attention.projections,
          flops(lambda: (x @ Wq, x @ Wk, x @ Wv, x @ Wo))),
-        # the book's helper tx.recurrent_chain: h = tanh(xW_t + h U)
+        # the book's helper tx.recurrent_chain: h = tanh(x_t W + h U)
         ("recurrent chain", recurrent.chain,
          flops(tx.recurrent_chain, x @ W, U)),
         ("recurrent input", recurrent.input, flops(lambda: x @ W)),
