@@ -1077,16 +1077,15 @@ def independent_steps(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
 def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
     """Time the same n·d² multiply-adds three ways: one product x U, n
     independent steps, and the n-step chain h ← tanh(x_i + h U).
-    Milliseconds, each the median of its timed runs after a warm-up
-    run (a case of 50 ms or more is timed once), their ratios, and
-    the runs of the two slow cases."""
+    Milliseconds, each the median of at least three timed runs after a
+    warm-up run, their ratios, and the runs of the two slow cases."""
     with torch.no_grad():
         # every position at once
         product = time_call(torch.matmul, x, U)
         # n small products, free to run in any order
-        steps = time_call(independent_steps, x, U, min_runs=1)
+        steps = time_call(independent_steps, x, U)
         # n small products in a row
-        chain = time_call(recurrent_chain, x, U, min_runs=1)
+        chain = time_call(recurrent_chain, x, U)
     p, s, c = (t["median"] for t in (product, steps, chain))
     return {"product ms": 1e3 * p, "steps ms": 1e3 * s,
             "chain ms": 1e3 * c,
