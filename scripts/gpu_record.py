@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tx_part4 as tx  # noqa: E402
+import tx_part4 as tx
 
 MEASUREMENTS = Path(__file__).resolve().parent.parent / "measurements"
 WALL_NS = (16, 64, 256, 1024, 4096)

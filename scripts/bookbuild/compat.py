@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "_build" / "compat"
 ENVS = {"lowest": ROOT / ".venv-compat", "colab": ROOT / ".venv-colab"}
 WORKERS = 2                      # notebooks at a time (a 2-core machine)
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 #: Appended to each notebook that runs alone: the book's files must come
 #: from the environment's site-packages, never from the repository.
 WHERE = """\
@@ -141,9 +140,9 @@ def run_alone(path: str):
 def inside(which: str) -> None:
     """In the new environment: every .ipynb alone in an empty folder,
     where its files came from, the numbers."""
-    for name in ("PYTHONPATH", "MPLBACKEND"):   # nothing names the repo
-        os.environ.pop(name, None)
-    os.environ.update(OFFLINE)
+    # nothing names the repo; execute.run_alone sets the kernel's offline
+    # switches itself
+    os.environ.pop("PYTHONPATH", None)
     from bookbuild import execute, numbers
 
     check_kernel()

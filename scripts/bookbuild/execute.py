@@ -5,10 +5,12 @@ values are read back from the cache.
 What is stale. jupyter-cache keys a notebook by its code cells. Everything
 else a page's outputs depend on (the module, the model configs, the GPU
 records in measurements/, the pins, the installed versions, the simulated
-machine) is hashed into one stamp beside the cache: when the stamp changes,
-the cache is cleared and every page runs again. Every page imports the
+machine) is recorded in one stamp beside the cache, a JSON map of each
+input to its hash or version: when one changes, the cache is cleared, every
+page runs again, and the message names what changed. Every page imports the
 module and the pins, so this is the simplest rule that is correct; a page's
 own data (measurements/, the configs) is rare enough to cost a full run.
+The kernel's environment is set here (KERNEL_ENV), not taken from make's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -32,6 +35,7 @@ from bookbuild.common import (
     fail,
     module_constant,
     notebook_sources,
+    rel,
 )
 
 WORKERS = 2                      # notebooks at a time (the 2-core machine)
@@ -49,9 +53,15 @@ STAMP_FILES = ("scripts/tx_part4.py", "scripts/tx_model_configs",
                "pyproject.toml")
 STAMP_PACKAGES = ("torch", "transformers", "numpy", "pandas",
                   "matplotlib", "ipykernel", "myst-nb")
-STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY",
-                   "PYTHONHASHSEED", "HF_HUB_OFFLINE",
-                   "TRANSFORMERS_OFFLINE")
+#: what a user sets on purpose that changes outputs: a simulated machine,
+#: torch's CPU kernels (Part 4 saw a value move by a fifth)
+STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY")
+#: every kernel's environment over the caller's, so that outputs do not
+#: depend on whether make set these: offline, fixed hashing, figures
+KERNEL_ENV = {"MPLBACKEND": INLINE_BACKEND, "HF_HUB_OFFLINE": "1",
+              "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0",
+              "TOKENIZERS_PARALLELISM": "false",
+              "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 #: tx_part4 glues a value's kind, tolerance, a claim's ratio and threshold
 #: and a phrase's words under this prefix + the key (a colon: never a key)
 HINT = module_constant("HINT")
@@ -65,25 +75,34 @@ def kernel_config():
     return Config(KERNEL_CONFIG)
 
 
-def inputs_digest(root: Path = ROOT) -> str:
-    """One hash of everything a page's outputs depend on besides its code
-    cells."""
+def stamp_inputs(root: Path = ROOT) -> dict[str, str | None]:
+    """Everything a page's outputs depend on besides its code cells: each
+    file's hash, each package's version, each variable's value."""
     from importlib.metadata import version
 
-    digest = hashlib.sha256(sys.version.encode())
+    inputs = {"python": sys.version}
     for name in STAMP_FILES:
         path = root / name
         files = sorted(path.rglob("*")) if path.is_dir() else [path]
         for file in files:
             if file.is_dir() or "__pycache__" in file.parts:
                 continue
-            digest.update(f"\0{file.relative_to(root)}\0".encode())
-            digest.update(file.read_bytes() if file.exists() else b"-")
+            inputs[file.relative_to(root).as_posix()] = (
+                hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+                if file.exists() else None)
     for package in STAMP_PACKAGES:
-        digest.update(f"\0{package} {version(package)}".encode())
+        inputs[package] = version(package)
     for variable in STAMP_VARIABLES:
-        digest.update(f"\0{variable}={os.environ.get(variable)}".encode())
-    return digest.hexdigest()[:20]
+        inputs[variable] = os.environ.get(variable)
+    return inputs
+
+
+def changed_inputs(old: dict, new: dict, shown: int = 3) -> str:
+    """The inputs whose hash, version or value differ, a few by name."""
+    names = [k for k in {**new, **old} if old.get(k) != new.get(k)]
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0
+                                       else "")
 
 
 def open_cache(fresh: bool = False, read_only: bool = False):
@@ -92,18 +111,21 @@ def open_cache(fresh: bool = False, read_only: bool = False):
     a changed stamp fails instead, the cache left as it is."""
     from jupyter_cache import get_cache
 
-    digest = inputs_digest()
-    old = STAMP.read_text(encoding="utf-8") if STAMP.exists() else None
-    if read_only and old != digest:
-        fail("the module, a config, a record, a pin or a version changed "
-             "since the notebooks ran: run `make book`")
-    if fresh or old != digest:
+    inputs = stamp_inputs()
+    try:                        # an older build's stamp: a plain digest
+        old = json.loads(STAMP.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        old = None
+    changed = (changed_inputs(old, inputs) if isinstance(old, dict)
+               else f"{rel(STAMP)} (none, or an older build's)")
+    if read_only and old != inputs:
+        fail(f"{changed} changed since the notebooks ran: run `make book`")
+    if fresh or old != inputs:
         shutil.rmtree(CACHE, ignore_errors=True)
         if old is not None and not fresh:
-            print("execute: the module, a config, a record, a pin or a "
-                  "version changed: every page runs again")
+            print(f"execute: {changed} changed: every page runs again")
         BUILD.mkdir(parents=True, exist_ok=True)
-        STAMP.write_text(digest, encoding="utf-8")
+        STAMP.write_text(json.dumps(inputs, indent=1), encoding="utf-8")
     cache = get_cache(str(CACHE))
     for path in notebook_sources():
         cache.add_nb_to_project(str(path), read_data=READER)
@@ -130,9 +152,7 @@ def run_alone(path: str, env: dict[str, str] | None = None):
 
     notebook = (get_reader(READER)(path) if path.endswith(".md")
                 else nbformat.read(path, as_version=4))
-    kernel_env = {**os.environ, "MPLBACKEND": INLINE_BACKEND,
-                  "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                  **(env or {})}
+    kernel_env = {**os.environ, **KERNEL_ENV, **(env or {})}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as cwd:
         client = NotebookClient(notebook, timeout=TIMEOUT,

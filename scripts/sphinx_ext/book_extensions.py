@@ -57,6 +57,7 @@ def unique_scripts(app, pagename, templatename, context, doctree) -> None:
 
 def setup(app):
     """Register the three fixes."""
+    # myst-nb 1.4.0's documented API lacks this node; only sphinx_ has it
     from myst_nb.sphinx_ import (
         HideCodeCellNode,
         depart_HideCellInput,

@@ -4,6 +4,7 @@ crafted notebooks; no notebook of the book is executed."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -54,29 +55,43 @@ def root(tmp_path):
     "scripts/tx_part4.py", "requirements.txt", "requirements-nodeps.txt",
     "constraints.txt", "pyproject.toml", "measurements/h200-2026-11-30.json"])
 def test_the_module_a_pin_or_a_record_changes_the_stamp(root, name):
-    before = execute.inputs_digest(root)
+    before = execute.stamp_inputs(root)
     with open(root / name, "a", encoding="utf-8") as file:
         file.write("\n")
-    assert execute.inputs_digest(root) != before
+    assert execute.stamp_inputs(root) != before
 
 
 def test_a_model_config_or_a_simulated_machine_changes_the_stamp(
         root, monkeypatch):
-    before = execute.inputs_digest(root)
+    before = execute.stamp_inputs(root)
     config = next((root / "scripts" / "tx_model_configs").glob("*.json"))
     config.write_text(config.read_text(encoding="utf-8") + " ",
                       encoding="utf-8")
-    assert execute.inputs_digest(root) != before
-    changed = execute.inputs_digest(root)
+    assert execute.stamp_inputs(root) != before
+    changed = execute.stamp_inputs(root)
     monkeypatch.setenv("WHY_SELF_ATTENTION_MACHINE", '{"cores": 64}')
-    assert execute.inputs_digest(root) != changed
+    assert execute.stamp_inputs(root) != changed
+
+
+def test_what_only_the_makefile_sets_leaves_the_stamp_alone(
+        root, monkeypatch):
+    """`python scripts/book.py build` outside make keeps the cache: the
+    kernel's environment sets these itself."""
+    before = execute.stamp_inputs(root)
+    for name in ("PYTHONHASHSEED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                 "TOKENIZERS_PARALLELISM"):
+        monkeypatch.delenv(name, raising=False)
+        assert name in execute.KERNEL_ENV
+    assert execute.stamp_inputs(root) == before
+    monkeypatch.setenv("PYTHONHASHSEED", "1")
+    assert execute.stamp_inputs(root) == before
 
 
 def test_prose_and_expectations_leave_the_stamp_alone(root):
-    before = execute.inputs_digest(root)
+    before = execute.stamp_inputs(root)
     (root / "numbers.toml").write_text("# changed\n", encoding="utf-8")
     (root / "README.md").write_text("# changed\n", encoding="utf-8")
-    assert execute.inputs_digest(root) == before
+    assert execute.stamp_inputs(root) == before
 
 
 @pytest.fixture
@@ -86,7 +101,7 @@ def book(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "NOTEBOOKS", tmp_path)
     monkeypatch.setattr(execute, "CACHE", tmp_path / "cache")
     monkeypatch.setattr(execute, "STAMP", tmp_path / "stamp")
-    monkeypatch.setattr(execute, "inputs_digest", lambda: "v1")
+    monkeypatch.setattr(execute, "stamp_inputs", lambda: {"torch": "1"})
     return md
 
 
@@ -110,11 +125,20 @@ def test_a_prose_edit_is_not_executed_again_a_code_edit_is(book):
     assert execute.stale(execute.open_cache(), [book]) == [book]
 
 
-def test_a_new_stamp_clears_the_cache(book, monkeypatch):
+def test_a_new_stamp_clears_the_cache_naming_the_input(book, monkeypatch,
+                                                       capsys):
     cache_executed(book)
     assert execute.stale(execute.open_cache(), [book]) == []
-    monkeypatch.setattr(execute, "inputs_digest", lambda: "v2")
+    monkeypatch.setattr(execute, "stamp_inputs", lambda: {"torch": "2"})
     assert execute.stale(execute.open_cache(), [book]) == [book]
+    assert "execute: torch changed" in capsys.readouterr().out
+
+
+def test_the_message_names_a_few_changed_inputs_then_counts():
+    old = {"a.py": "1", "b.py": "1", "torch": "2", "numpy": "1"}
+    new = {"a.py": "2", "b.py": "2", "torch": "3", "X": "1"}
+    assert execute.changed_inputs(old, new) == "a.py, b.py, torch and 2 more"
+    assert execute.changed_inputs(old, {**old, "torch": "3"}) == "torch"
 
 
 def test_sphinx_is_never_left_to_execute(book):
@@ -129,19 +153,27 @@ def test_sphinx_is_never_left_to_execute(book):
 def test_reading_a_cache_of_other_inputs_fails_and_keeps_it(book,
                                                             monkeypatch):
     cache_executed(book)
-    monkeypatch.setattr(execute, "inputs_digest", lambda: "v2")
-    with pytest.raises(common.BuildError, match="run `make book`"):
+    monkeypatch.setattr(execute, "stamp_inputs",
+                        lambda: {"torch": "1", "measurements/a.json": "2"})
+    with pytest.raises(common.BuildError, match=r"^measurements/a.json "
+                       r"changed since the notebooks ran: run `make book`"):
         execute.glued_values()
-    monkeypatch.setattr(execute, "inputs_digest", lambda: "v1")
+    monkeypatch.setattr(execute, "stamp_inputs", lambda: {"torch": "1"})
     assert execute.stale(execute.open_cache(), [book]) == []
 
 
 def test_a_notebook_runs_in_an_empty_folder_without_a_warning(tmp_path):
     """The build's run is the run alone: an empty folder, the project's
     kernel, encrypted (ipykernel 7.3+ warns on plain TCP, on the stderr
-    of the process that started the kernel)."""
+    of the process that started the kernel), offline and with fixed
+    hashing even where make did not set them."""
     md = notebook(tmp_path / "09_page.md",
-                  code="import os; print(len(os.listdir('.')))")
+                  code="import os; print(len(os.listdir('.')), "
+                       "os.environ['PYTHONHASHSEED'], "
+                       "os.environ['HF_HUB_OFFLINE'])")
+    outside_make = {k: v for k, v in os.environ.items()
+                    if k not in ("PYTHONHASHSEED", "HF_HUB_OFFLINE",
+                                 "TRANSFORMERS_OFFLINE")}
     script = ("import sys; sys.path.insert(0, sys.argv[1]); "
               "from bookbuild import execute; "
               "_, _, error, nb = execute.run_alone(sys.argv[2]); "
@@ -149,9 +181,10 @@ def test_a_notebook_runs_in_an_empty_folder_without_a_warning(tmp_path):
               "print(nb.cells[-1].outputs[0].text)")
     done = subprocess.run(
         [sys.executable, "-c", script, str(common.ROOT / "scripts"),
-         str(md)], capture_output=True, text=True, timeout=120)
+         str(md)], capture_output=True, text=True, timeout=120,
+        env=outside_make)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0"
+    assert done.stdout.strip() == "0 0 1"
     assert "without encryption" not in done.stderr, done.stderr
     assert "WARNING" not in done.stderr, done.stderr
 
