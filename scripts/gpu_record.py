@@ -31,8 +31,8 @@ WAITING_NS = (64, 256, 1024, 4096)
 
 
 def waiting_isolated(ns, d: int, device: str, seed: int = 0) -> dict:
-    """n: [one product x U ms, the n-step chain h ← tanh(x_t + h U) ms],
-    timed by Part 2's tx.price_of_waiting."""
+    """n: [the batched product tanh(x + x U) ms, the n-step chain
+    h ← tanh(x_t + h U) ms], timed by Part 2's tx.price_of_waiting."""
     g = torch.Generator().manual_seed(seed)
     U = (torch.randn(d, d, generator=g) / math.sqrt(d)).to(device)
     rows = {}

@@ -137,8 +137,11 @@ def compare_one(page: str, key: str, entry: dict, value, glued: Glued | None = N
             if value not in allowed:
                 return problem(f"a phrase must be one of {allowed}")
             return None
-        if not is_number(value):
-            return problem(f"a {kind} value must be a finite number (a phrase needs `values`)")
+        # a span as printed, "5.9 to 9.1" or "6.0": a measured range
+        span = isinstance(value, str) and re.fullmatch(r"[\d.,]+( to [\d.,]+)?", value)
+        if not (is_number(value) or span):
+            return problem(f"a {kind} value must be a finite number or a span such as "
+                           "'5.9 to 9.1' (a phrase needs `values`)")
         return None
     if kind == "exact":
         if type(value) is not type(expected) or value != expected:

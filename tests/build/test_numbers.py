@@ -156,6 +156,17 @@ def test_a_recorded_value_must_be_there_as_a_number():
     assert problem.reason.startswith("missing")
 
 
+def test_a_measured_span_passes_as_printed_and_free_text_fails():
+    """A range glued as printed ("5.9 to 9.1", or one number where both ends print alike)
+    is a measured value; any other text needs the phrase's `values`."""
+    expected = {"p": {"span": {"kind": "measured", "value": "5.9 to 9.1"}}}
+    for ok in ("5.1 to 10.8", "6.0", "1,024 to 4,096"):
+        assert numbers.compare(expected, {"p": {"span": execute.Glued(ok)}}) == []
+    for bad in ("faster than", "5.9 to", "to 9.1", ""):
+        (problem,) = numbers.compare(expected, {"p": {"span": execute.Glued(bad)}})
+        assert "a span such as" in problem.reason
+
+
 def test_a_phrase_must_be_one_of_its_words():
     expected = {"p": {"band_vs_mask": {"kind": "measured", "value": "slower than",
                                        "values": ["slower than", "faster than"]}}}
