@@ -714,7 +714,7 @@ def hand_check(n: int, d: int) -> dict[str, int]:
     }
 
 
-#: Six English sentences, short to long: not the paper's test set.
+#: Six English sentences, roughly short to long: not the paper's test set.
 SENTENCES = (
     "The cat sat on the mat.",
     "Attention is all you need.",
