@@ -23,12 +23,12 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 book: env
 	$(BIN)/python scripts/book.py build$(if $(filter 1 true yes,$(FRESH)), --fresh)
 
-## test: install if needed, lint scripts/ and tests/, run the tests (tests/helpers, tests/build,
-## and tests/site, which skip until `make book`); its run of each notebook alone fills the cache
-## that `make book` renders from
+## test: install if needed, lint scripts/ and tests/, run the tests of the helpers and the build
+## (tests/helpers, tests/build); no notebook of the book runs there as it does in `make book`
+## (the site's tests: `make site-test`)
 test: env
 	$(BIN)/ruff check scripts tests
-	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(BIN)/python -m pytest -n 2 --dist worksteal tests/helpers tests/build
 
 ## env: create .venv with the pinned packages and the book's helpers (only when missing or pins changed)
 env: $(STAMP)
@@ -48,8 +48,8 @@ $(STAMP): $(PINS) pyproject.toml
 ## compat: the declared lowest torch and transformers, then the path Colab takes (`pip install` of the
 ## package); in each, every .ipynb alone in an empty folder and the number check; own environments
 .PHONY: compat
-compat:
-	$(PYTHON) scripts/book.py compat
+compat: env
+	$(BIN)/python scripts/book.py compat
 
 ## sync: re-pair every notebooks/*.md with its .ipynb (after an edit in either), outputs stripped
 sync: env
@@ -107,8 +107,8 @@ chromium:
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver > /dev/null
 
-## site-test: after `make book` and `make pdf`: the PDF and the site tests, where a missing site or
-## browser is a failure, not a skip
+## site-test: after `make book` and `make pdf`: the PDF and the site tests (tests/site), where a
+## missing site or browser is a failure, not a skip
 site-test: env
 	$(BIN)/python -m pytest tests/site --require-site
 

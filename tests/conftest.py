@@ -19,6 +19,27 @@ def pytest_addoption(parser):
                           "chromium is a failure, not a skip")
 
 
+@pytest.fixture(scope="session")
+def run_alone(tmp_path_factory):
+    """A function: `path` (.md or .ipynb) executed alone in an empty
+    folder by the build's own execution (execute.run), with `env` in the
+    kernel's environment, into a cache of its own; returns the executed
+    notebook (a failing cell raises BuildError, quoting it)."""
+    from jupyter_cache import get_cache
+
+    from bookbuild import execute
+
+    def run(path: Path, env: dict[str, str] | None = None):
+        cache = get_cache(str(tmp_path_factory.mktemp("cache")))
+        reader = {"read_data": execute.READER} if path.suffix == ".md" else {}
+        cache.add_nb_to_project(str(path), **reader)
+        execute.run(cache, env=env)
+        record = cache.get_cached_project_nb(str(path))
+        return cache.get_cache_bundle(record.pk).nb
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def site(request) -> Path:
     """The built site, fresh, or a skip (a failure with --require-site).

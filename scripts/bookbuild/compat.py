@@ -10,16 +10,18 @@ colab   .venv-colab: torch first (the pin: Colab brings its own), then
         `pip install` of the package alone, so pip picks the newest allowed
         transformers and the rest.
 
-In each, every notebooks/*.ipynb runs alone in an empty folder, offline,
-as a learner runs it; an extra last cell reports where tx_part4 and the
-model package came from: the environment's site-packages, never the
-repository. Then the number check against numbers.toml (the release names
-checked to be versions). pip's log goes to _build/compat/.
+Each environment's Python becomes the `python3` kernel (its kernelspec
+first on JUPYTER_PATH); every notebooks/*.ipynb runs on it alone in an
+empty folder, offline, as a learner runs it, through the build's own
+execution (execute.run) into a cache of its own; an extra last cell reports
+where tx_part4 and the model package came from: the environment's
+site-packages, never the repository. Then the number check against
+numbers.toml (the release names checked to be versions). pip's log goes to
+_build/compat/.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import re
 import shutil
@@ -28,11 +30,13 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
+from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[2]
+from bookbuild import execute, numbers
+from bookbuild.common import ROOT, BuildError
+
 OUT = ROOT / "_build" / "compat"
 ENVS = {"lowest": ROOT / ".venv-compat", "colab": ROOT / ".venv-colab"}
-WORKERS = 2                      # notebooks at a time (a 2-core machine)
 #: Appended to each notebook that runs alone: the book's files must come
 #: from the environment's site-packages, never from the repository.
 WHERE = """\
@@ -107,91 +111,51 @@ def make_env(which: str) -> Path:
     return env
 
 
-# ── inside the environment ───────────────────────────────────────────
-
-
-def check_kernel() -> None:
-    """The notebooks' kernel (python3) must be this environment's
-    interpreter."""
-    from jupyter_client.manager import KernelManager
-
-    command = KernelManager(kernel_name="python3").format_kernel_cmd()
-    if command[0] != sys.executable:
-        raise CompatError(f"the python3 kernel runs {command[0]}, not "
-                          f"{sys.executable}")
-
-
-def run_alone(path: str):
-    """Execute one .ipynb in an empty folder with the WHERE cell last;
-    (name, seconds, error, notebook)."""
+def check(which: str) -> None:
+    """Every .ipynb alone on the environment's kernel, with the WHERE cell
+    last, then the number check on what they glued."""
     import nbformat
+    from jupyter_cache import get_cache
 
-    from bookbuild import execute
-
-    with tempfile.TemporaryDirectory() as folder:
-        copy = Path(folder) / Path(path).name
+    python = make_env(which) / "bin" / "python"
+    kernels = OUT / which / "share" / "jupyter"
+    shutil.rmtree(OUT / which, ignore_errors=True)
+    subprocess.run([str(python), "-m", "ipykernel", "install", "--prefix",
+                    str(OUT / which), "--name", "python3"], check=True,
+                   capture_output=True)
+    cache = get_cache(str(OUT / which / "cache"))
+    copies = []
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
         notebook.cells.append(nbformat.v4.new_code_cell(WHERE))
-        nbformat.write(notebook, copy)
-        _, seconds, error, executed = execute.run_alone(str(copy))
-    return Path(path).stem, seconds, error, executed
-
-
-def inside(which: str) -> None:
-    """In the new environment: every .ipynb alone in an empty folder,
-    where its files came from, the numbers."""
-    # nothing names the repo; execute.run_alone sets the kernel's offline
-    # switches itself
-    os.environ.pop("PYTHONPATH", None)
-    from bookbuild import execute, numbers
-
-    check_kernel()
-    paths = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    errors, glued = [], {}
-    with concurrent.futures.ProcessPoolExecutor(WORKERS) as pool:
-        for name, seconds, error, notebook in pool.map(run_alone,
-                                                       map(str, paths)):
-            print(f"  {name:35s} {seconds:6.1f} s alone"
-                  + ("  FAILED" if error else ""))
-            if error:
-                errors.append(f"notebooks/{name}.ipynb, alone in an "
-                              f"empty folder:\n{error}")
-            else:
-                notebook.cells.pop()        # the WHERE cell glues nothing
-                glued[name] = execute.glued_in_notebook(notebook)
-    if errors:
-        raise CompatError("\n".join(errors))
-    os.environ[numbers.RELEASES] = which
-    numbers.check_numbers(glued=glued)
+        copies.append(OUT / which / path.name)
+        nbformat.write(notebook, copies[-1])
+        cache.add_nb_to_project(str(copies[-1]))
+    execute.run(cache, env={"JUPYTER_PATH": str(kernels)})
+    glued = {}
+    for copy in copies:
+        record = cache.get_cached_project_nb(str(copy))
+        notebook = cache.get_cache_bundle(record.pk).nb
+        notebook.cells.pop()            # the WHERE cell glues nothing
+        glued[copy.stem] = execute.glued_in_notebook(notebook)
+    with mock.patch.dict(os.environ, {numbers.RELEASES: which}):
+        numbers.check_numbers(glued=glued)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     which = argv[0] if argv else "all"
-    if which.startswith("_inside-"):
-        from bookbuild.common import BuildError
-
-        try:
-            inside(which.removeprefix("_inside-"))
-        except (CompatError, BuildError) as error:
-            print(f"\nmake compat FAILED: {error}", file=sys.stderr)
-            return 1
-        return 0
     if which not in ("all", "lowest", "colab"):
-        print(__doc__)
+        print(f"make compat: no check {which!r} (lowest or colab)",
+              file=sys.stderr)
         return 2
     OUT.mkdir(parents=True, exist_ok=True)
     try:
-        for check in ("lowest", "colab") if which == "all" else (which,):
-            print(f"\n== compat {check}", flush=True)
-            python = make_env(check) / "bin" / "python"
-            done = subprocess.run(
-                [str(python), str(ROOT / "scripts" / "book.py"), "compat",
-                 f"_inside-{check}"], cwd=tempfile.gettempdir())
-            if done.returncode != 0:
-                raise CompatError(f"compat {check} failed")
-            print(f"compat {check}: passed")
-    except CompatError as error:
+        for name in ("lowest", "colab") if which == "all" else (which,):
+            print(f"\n== compat {name}", flush=True)
+            check(name)
+            print(f"compat {name}: passed")
+    except (CompatError, BuildError) as error:
         print(f"\nmake compat FAILED: {error}", file=sys.stderr)
         return 1
     return 0

@@ -1,6 +1,7 @@
-"""Stage 2, execute: the notebooks run, two at a time, each in an empty
-folder, into the jupyter-cache that myst-nb renders from; then their glued
-values are read back from the cache.
+"""Stage 2, execute: the stale notebooks run through jupyter-cache's
+`temp-parallel` executor (as many at a time as there are cores, each in an
+empty temporary folder) into the cache that myst-nb renders from; then
+their glued values are read back from the cache.
 
 What is stale. jupyter-cache keys a notebook by its code cells. Everything
 else a page's outputs depend on (the module, the model configs, the GPU
@@ -10,22 +11,23 @@ input to its hash or version: when one changes, the cache is cleared, every
 page runs again, and the message names what changed. Every page imports the
 module and the pins, so this is the simplest rule that is correct; a page's
 own data (measurements/, the configs) is rare enough to cost a full run.
-The kernel's environment is set here (KERNEL_ENV), not taken from make's.
+The kernels inherit this process's environment: KERNEL_ENV is set in it
+while they run, so outputs do not depend on whether make set those.
 """
 
 from __future__ import annotations
 
 import ast
-import concurrent.futures
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from bookbuild.common import (
     BUILD,
@@ -38,15 +40,9 @@ from bookbuild.common import (
     rel,
 )
 
-WORKERS = 2                      # notebooks at a time (the 2-core machine)
 STAMP = BUILD / "jupyter_cache.inputs"    # the stamp beside the cache
 #: the reader myst-nb uses for a .md: the cache keys what myst-nb looks up
 READER = {"name": "myst_nb_md", "type": "plugin"}
-#: Jupyter's backend: figures in the outputs, even where MPLBACKEND=Agg
-INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
-#: ipykernel 7.3+ warns on every start of a kernel on plain TCP;
-#: jupyter_client 8.10+ provisions CurveZMQ keys for it ("auto").
-KERNEL_CONFIG = {"KernelManager": {"transport_encryption": "auto"}}
 STAMP_FILES = ("scripts/tx_part4.py", "scripts/tx_model_configs",
                "measurements", "requirements.txt",
                "requirements-nodeps.txt", "constraints.txt",
@@ -56,23 +52,15 @@ STAMP_PACKAGES = ("torch", "transformers", "numpy", "pandas",
 #: what a user sets on purpose that changes outputs: a simulated machine,
 #: torch's CPU kernels (Part 4 saw a value move by a fifth)
 STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY")
-#: every kernel's environment over the caller's, so that outputs do not
-#: depend on whether make set these: offline, fixed hashing, figures
-KERNEL_ENV = {"MPLBACKEND": INLINE_BACKEND, "HF_HUB_OFFLINE": "1",
-              "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0",
-              "TOKENIZERS_PARALLELISM": "false",
+#: the kernels' environment over the caller's: offline, fixed hashing, and
+#: Jupyter's figures even where MPLBACKEND=Agg
+KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
+              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+              "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false",
               "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 #: tx_part4 glues a value's kind, tolerance, a claim's ratio and threshold
 #: and a phrase's words under this prefix + the key (a colon: never a key)
 HINT = module_constant("HINT")
-
-
-def kernel_config():
-    """The traitlets config of every kernel the build, the tests and
-    compat start."""
-    from traitlets.config import Config
-
-    return Config(KERNEL_CONFIG)
 
 
 def stamp_inputs(root: Path = ROOT) -> dict[str, str | None]:
@@ -127,7 +115,8 @@ def open_cache(fresh: bool = False, read_only: bool = False):
         BUILD.mkdir(parents=True, exist_ok=True)
         STAMP.write_text(json.dumps(inputs, indent=1), encoding="utf-8")
     cache = get_cache(str(CACHE))
-    for path in notebook_sources():
+    # largest first: a new cache runs them in the order they were added
+    for path in sorted(notebook_sources(), key=lambda p: -p.stat().st_size):
         cache.add_nb_to_project(str(path), read_data=READER)
     return cache
 
@@ -138,71 +127,43 @@ def stale(cache, paths: list[Path]) -> list[Path]:
     return [p for p in paths if cache.get_cached_project_nb(str(p)) is None]
 
 
-def run_alone(path: str, env: dict[str, str] | None = None):
-    """Execute one notebook (.md or .ipynb) as a learner runs it: in an
-    empty folder, offline, with this project's kernel and `env` in the
-    kernel's environment (this process's is left as it is). Returns
-    (path, seconds, error or None, notebook)."""
-    import traceback
+def run(cache, uris: list[str] | None = None,
+        env: dict[str, str] | None = None) -> None:
+    """Execute the notebooks of the cache's project that have no executed
+    copy (of `uris`, if given) into it, with KERNEL_ENV and `env` in the
+    kernels' environment. A failing cell fails, naming the notebook and
+    quoting the cell."""
+    from jupyter_cache.executors import load_executor
 
-    import nbformat
-    from jupyter_cache.readers import get_reader
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
-
-    notebook = (get_reader(READER)(path) if path.endswith(".md")
-                else nbformat.read(path, as_version=4))
-    kernel_env = {**os.environ, **KERNEL_ENV, **(env or {})}
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as cwd:
-        client = NotebookClient(notebook, timeout=TIMEOUT,
-                                allow_errors=False, record_timing=False,
-                                resources={"metadata": {"path": cwd}},
-                                config=kernel_config())
-        try:
-            # the kernel shuts down gracefully: its Python's teardown runs
-            client.execute(env=kernel_env)
-        except (CellExecutionError, CellTimeoutError):
-            return (path, time.perf_counter() - start,
-                    traceback.format_exc(), None)
-    return path, time.perf_counter() - start, None, notebook
-
-
-def execute(only: list[str] | None = None,
-            fresh: bool = False) -> dict[str, float]:
-    """Execute the stale notebooks (all when `fresh`), WORKERS at a time,
-    largest first, into the cache. Returns each one's seconds."""
-    from jupyter_cache.base import CacheBundleIn
-
-    cache = open_cache(fresh and not only)
-    paths = [p for p in notebook_sources() if not only or p.stem in only]
-    # fresh with pages named: those run again, the rest stay cached
-    todo = sorted(paths if fresh else stale(cache, paths),
-                  key=lambda p: -p.stat().st_size)
-    times, errors, start = {}, [], time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(WORKERS) as pool:
-        runs = [pool.submit(run_alone, str(path)) for path in todo]
-        for run in concurrent.futures.as_completed(runs):
-            path, seconds, error, notebook = run.result()
-            stem = Path(path).stem
-            times[stem] = round(seconds, 2)
-            print(f"  {stem:35s} {seconds:6.1f} s"
-                  + ("  FAILED" if error else ""))
-            if error is not None:       # nbclient quotes the cell
-                marker = "An error occurred while executing"
-                errors.append(f"notebooks/{stem}.md: "
-                              + error[max(error.find(marker), 0):])
-                continue
-            cache.cache_notebook_bundle(
-                CacheBundleIn(notebook, path,
-                              data={"execution_seconds": seconds}),
-                check_validity=False, overwrite=True)
-    print(f"executed {len(todo)} of {len(paths)} notebooks in "
-          f"{time.perf_counter() - start:.1f} s ({WORKERS} at a time, each "
-          f"in an empty folder); {len(paths) - len(todo)} from the cache")
+    logger = logging.getLogger("execute")
+    logger.setLevel(logging.INFO)      # the pool's start and end of each
+    executor = load_executor("temp-parallel", cache, logger=logger)
+    with mock.patch.dict(os.environ, {**KERNEL_ENV, **(env or {})}):
+        result = executor.run_and_cache(filter_uris=uris, timeout=TIMEOUT)
+    errors = []
+    for uri in result.excepted + result.errored:
+        error = cache.get_project_record(uri).traceback or "(see above)"
+        marker = "An error occurred while executing"   # nbclient's quote
+        error = error[max(error.find(marker), 0):]
+        errors.append(f"{rel(Path(uri))}: {error}")
     if errors:
         fail("a notebook failed to execute:\n" + "\n".join(errors))
-    return times
+
+
+def execute(only: list[str] | None = None, fresh: bool = False) -> None:
+    """Execute the stale notebooks (all when `fresh`) into the cache, and
+    print each one's seconds."""
+    cache = open_cache(fresh)
+    paths = [p for p in notebook_sources() if not only or p.stem in only]
+    todo, start = stale(cache, paths), time.perf_counter()
+    run(cache, [str(p) for p in todo])
+    for path in todo:
+        seconds = cache.get_cached_project_nb(str(path)).data
+        print(f"  {path.stem:35s} {seconds['execution_seconds']:6.1f} s")
+    print(f"executed {len(todo)} of {len(paths)} notebooks in "
+          f"{time.perf_counter() - start:.1f} s ({os.cpu_count()} at a "
+          f"time, each in an empty folder); {len(paths) - len(todo)} from "
+          f"the cache")
 
 
 def require_executed(cache=None) -> None:

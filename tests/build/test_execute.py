@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -162,43 +160,29 @@ def test_reading_a_cache_of_other_inputs_fails_and_keeps_it(book,
     assert execute.stale(execute.open_cache(), [book]) == []
 
 
-def test_a_notebook_runs_in_an_empty_folder_without_a_warning(tmp_path):
+def test_a_notebook_runs_in_an_empty_folder_offline(run_alone, tmp_path,
+                                                   monkeypatch):
     """The build's run is the run alone: an empty folder, the project's
-    kernel, encrypted (ipykernel 7.3+ warns on plain TCP, on the stderr
-    of the process that started the kernel), offline and with fixed
-    hashing even where make did not set them."""
+    kernel, offline and with fixed hashing even where make did not set
+    them."""
+    for name in ("PYTHONHASHSEED", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
     md = notebook(tmp_path / "09_page.md",
                   code="import os; print(len(os.listdir('.')), "
                        "os.environ['PYTHONHASHSEED'], "
                        "os.environ['HF_HUB_OFFLINE'])")
-    outside_make = {k: v for k, v in os.environ.items()
-                    if k not in ("PYTHONHASHSEED", "HF_HUB_OFFLINE",
-                                 "TRANSFORMERS_OFFLINE")}
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); "
-              "from bookbuild import execute; "
-              "_, _, error, nb = execute.run_alone(sys.argv[2]); "
-              "assert error is None, error; "
-              "print(nb.cells[-1].outputs[0].text)")
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(common.ROOT / "scripts"),
-         str(md)], capture_output=True, text=True, timeout=120,
-        env=outside_make)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0 0 1"
-    assert "without encryption" not in done.stderr, done.stderr
-    assert "WARNING" not in done.stderr, done.stderr
+    executed = run_alone(md)
+    assert executed.cells[-1].outputs[0].text.strip() == "0 0 1"
+    assert "PYTHONHASHSEED" not in os.environ   # set while they ran only
 
 
-def test_a_notebook_that_needs_a_file_beside_it_fails_alone(tmp_path):
+def test_a_notebook_that_needs_a_file_beside_it_fails_alone(run_alone,
+                                                           tmp_path):
     md = notebook(tmp_path / "09_page.md", code="open('numbers.toml')")
     (tmp_path / "numbers.toml").write_text("# beside it\n")
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); "
-              "from bookbuild import execute; "
-              "print(execute.run_alone(sys.argv[2])[2])")
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(common.ROOT / "scripts"),
-         str(md)], capture_output=True, text=True, timeout=120)
-    assert "FileNotFoundError" in done.stdout, done.stdout + done.stderr
+    with pytest.raises(common.BuildError,
+                       match=r"(?s)09_page.md: .*FileNotFoundError"):
+        run_alone(md)
 
 
 def test_sync_leaves_unchanged_pairs_alone(tmp_path, monkeypatch):

@@ -26,10 +26,9 @@ def test_show_prints_the_value_outside_a_notebook(capsys):
     assert capsys.readouterr().out.strip() == "answer = 12,288"
 
 
-def test_show_glues_in_a_real_kernel_with_its_kind(tmp_path):
+def test_show_glues_in_a_real_kernel_with_its_kind(run_alone, tmp_path):
     """Execute a two-cell notebook and read the glue back the way the number check does."""
     import nbformat
-    from nbclient import NotebookClient
 
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(
@@ -41,9 +40,8 @@ def test_show_glues_in_a_real_kernel_with_its_kind(tmp_path):
         "tx.claim('wins', 4.0, 1.5)\n"
         "tx.phrase('words', True, 'faster than', 'slower than')")]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(notebook, timeout=120, resources={"metadata": {"path": str(tmp_path)}},
-                   config=execute.kernel_config()).execute()
-    found = execute.glued_in_notebook(notebook)
+    nbformat.write(notebook, tmp_path / "glue.ipynb")
+    found = execute.glued_in_notebook(run_alone(tmp_path / "glue.ipynb"))
     assert found["count"].value == 746496 and found["count"].kind == "exact"
     assert found["wall_ms"].value == 1.5 and found["wall_ms"].kind == "measured"
     assert found["t.10.a"].value == 1 and found["t.20.a"].value == 2
@@ -98,18 +96,17 @@ def test_the_command_line_prints_every_table():
     assert all(len(line) <= tx.WIDTH for line in done.stdout.splitlines())
 
 
-def test_figures_reach_the_page_even_when_the_environment_says_agg(tmp_path, monkeypatch):
+def test_figures_reach_the_page_even_when_the_environment_says_agg(run_alone, tmp_path, monkeypatch):
     """A kernel that inherits MPLBACKEND=Agg draws nothing: the build must still get the PNG."""
     monkeypatch.setenv("MPLBACKEND", "Agg")
     page = tmp_path / "99_figure.md"
     header = common.NOTEBOOKS.joinpath("01_costs.md").read_text(encoding="utf-8").split("---", 2)[1]
     page.write_text(f"---{header}---\n\n```{{code-cell}} ipython3\nimport matplotlib.pyplot as plt\n"
                     "plt.plot([1, 2])\nplt.show()\n```\n", encoding="utf-8")
-    _, _, error, notebook = execute.run_alone(str(page), {"WHY_SELF_ATTENTION_PROBE": "1"})
-    assert error is None
+    notebook = run_alone(page, {"WHY_SELF_ATTENTION_PROBE": "1"})
     outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
     assert any("image/png" in o.get("data", {}) for o in outputs)
-    # the kernel's environment, never this process's (a later stamp reads it)
+    # set only while the kernels run: this process's is as it was (a later stamp reads it)
     assert os.environ["MPLBACKEND"] == "Agg"
     assert "WHY_SELF_ATTENTION_PROBE" not in os.environ
 

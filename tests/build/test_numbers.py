@@ -110,7 +110,7 @@ def test_the_committed_numbers_file_is_well_formed():
         assert keys, f"numbers.toml [{page}] is empty"
 
 
-def execute_changed_page(tmp_path, old: str, new: str):
+def execute_changed_page(run_alone, tmp_path, old: str, new: str):
     """Execute a copy of notebooks/01_costs.md with one line of its code changed, as a reader
     would change a cell (the count is defined on the page, in a saved cell)."""
     source = (common.NOTEBOOKS / "01_costs.md").read_text(encoding="utf-8")
@@ -118,14 +118,12 @@ def execute_changed_page(tmp_path, old: str, new: str):
     assert changed != source, f"{old!r} is not on the page any more"
     page = tmp_path / "01_costs.md"
     page.write_text(changed, encoding="utf-8")
-    path, seconds, error, notebook = execute.run_alone(str(page))
-    assert error is None, error
-    return execute.glued_in_notebook(notebook)
+    return execute.glued_in_notebook(run_alone(page))
 
 
-def test_changing_one_count_by_one_fails_the_check(tmp_path):
+def test_changing_one_count_by_one_fails_the_check(run_alone, tmp_path):
     """The promise of the build: a count changed by one is caught, by key, old and new value."""
-    glued_values = execute_changed_page(tmp_path, "scores=n * n * d,", "scores=n * n * d + 1,")
+    glued_values = execute_changed_page(run_alone, tmp_path, "scores=n * n * d,", "scores=n * n * d + 1,")
     expected = numbers.load_expected()
     problems = compare({"01_costs": expected["01_costs"]}, {"01_costs": glued_values})
     drifted = {p.key: (p.expected, p.got) for p in problems}

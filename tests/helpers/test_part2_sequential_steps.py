@@ -246,7 +246,7 @@ def test_generation_takes_one_forward_pass_per_token():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cores", [1, 64])
-def test_part2_alone_on_another_machine(cores):
+def test_part2_alone_on_another_machine(run_alone, cores):
     """Part 2 run alone with 1 core and with 64 cores: every glued value passes the number check
     against numbers.toml, and the sentences about threads follow the simulated facts."""
     import json
@@ -256,8 +256,7 @@ def test_part2_alone_on_another_machine(cores):
     page = "02_sequential_steps"
     path = common.ROOT / "notebooks" / f"{page}.ipynb"
     # the facts go to the kernel's environment, not this process's
-    _, _, error, notebook = execute.run_alone(str(path), {tx.MACHINE_ENV: json.dumps({"cores": cores})})
-    assert error is None, error
+    notebook = run_alone(path, {tx.MACHINE_ENV: json.dumps({"cores": cores})})
     glued = execute.glued_in_notebook(notebook)
     expected = numbers.load_expected()[page]
     problems = numbers.compare({page: expected}, {page: glued})

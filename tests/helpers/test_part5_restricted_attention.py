@@ -157,24 +157,22 @@ MACHINES = {  # what WHY_SELF_ATTENTION_MACHINE tells the page: another cache, o
 }
 
 
-def run_page_on(facts: dict):
+def run_page_on(run_alone, facts: dict):
     """Execute Part 5's .ipynb alone in an empty folder, as the build does, with
     the machine facts replaced; return the executed notebook."""
     import json
 
-    from bookbuild import common, execute
+    from bookbuild import common
 
     source = common.ROOT / "notebooks" / f"{PAGE}.ipynb"
-    _, _, error, notebook = execute.run_alone(str(source), {tx.MACHINE_ENV: json.dumps(facts)})
-    assert error is None, error
-    return notebook
+    return run_alone(source, {tx.MACHINE_ENV: json.dumps(facts)})
 
 
 @pytest.fixture(scope="module")
-def simulated_runs():
+def simulated_runs(run_alone):
     """Part 5 executed once for each simulated machine, one at a time (the facts go to the
     kernel's environment, not this process's)."""
-    return {name: run_page_on(facts) for name, facts in MACHINES.items()}
+    return {name: run_page_on(run_alone, facts) for name, facts in MACHINES.items()}
 
 
 @pytest.mark.slow
