@@ -102,7 +102,7 @@ clean:
 # ── CI: the steps of .ci/run and .github/workflows/ that are not the targets above ────────────
 
 .PHONY: chromium site-test newest
-## chromium: Debian's chromium and its driver, for `make pdf` and the site tests (as root, as CI runs)
+## chromium: Debian's chromium (for `make pdf`) and its driver (for the site tests), as root, as CI runs
 chromium:
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver > /dev/null

@@ -33,9 +33,10 @@ import pytest
 
 import sitekit
 from bookbuild import common, execute
-from bookbuild.pdf import BROWSER_FLAGS, CHROMEDRIVER, CHROMIUM  # noqa: E402  (one browser set-up for the book)
+from bookbuild.pdf import BROWSER_FLAGS, CHROMIUM  # noqa: E402  (one browser set-up for the book)
 from sitekit import HTML, ROOT, SCREENSHOTS, Server
 
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"     # Debian's, for Selenium
 FLAGS = BROWSER_FLAGS + ["--window-size=1280,900"]
 LOAD_TIMEOUT = 30        # seconds for one page
 SEARCH_TIMEOUT = 20      # seconds for the search page to list its results

@@ -1,8 +1,9 @@
-// make pdf: title page, contents and chapter breaks from _toc.yml's entries (arguments[0]).
-// Each entry: [kind, title or null, docname or null]. Returns the contents as
-// {kind, text, target}, target being the id of the heading it links (no page numbers:
-// the PDF's bookmarks come from the headings).
-const toc = arguments[0], meta = arguments[1];
+// make pdf: title page, contents and chapter breaks from _toc.yml's entries (TOC, which
+// pdf.py writes before this script, with META, the title page's text). Each entry: [kind,
+// title or null, docname or null]. The contents link the headings (no page numbers: the
+// PDF's bookmarks come from the headings).
+(() => {
+const toc = TOC, meta = META;
 const article = document.querySelector('article.bd-article');
 const clean = h => h.textContent.replace(/#\s*$/, '').trim();
 const contents = document.createElement('nav');
@@ -10,9 +11,7 @@ contents.id = 'print-contents';
 contents.innerHTML = '<h1>Contents</h1><ol></ol>';
 const list = contents.querySelector('ol');
 let n = 0;
-const entries = [];
 function entry(kind, text, target) {
-  entries.push({kind: kind, text: text, target: target ? 'print-entry-' + n : null});
   const li = document.createElement('li');
   li.className = kind;
   if (target) {
@@ -27,13 +26,12 @@ function entry(kind, text, target) {
   }
   list.appendChild(li);
 }
-const missing = [];
 for (const [kind, title, doc] of toc) {
   if (kind === 'part') { entry('part', title, null); continue; }
   const marker = doc === null ? null : document.getElementById('document-' + doc);
   const section = doc === null ? article.querySelector('section')
                                : (marker && marker.nextElementSibling);
-  if (!section || section.tagName !== 'SECTION') { missing.push(doc); continue; }
+  if (!section || section.tagName !== 'SECTION') continue;    // test_pdf.py names it
   section.classList.add('print-chapter');
   const heading = section.querySelector('h1, h2');
   entry('chapter', clean(heading), heading);
@@ -64,7 +62,4 @@ title.querySelector('.author').textContent = meta.author;
 title.querySelector('.built').textContent = meta.built;
 article.prepend(title, contents);
 document.title = meta.title;
-const style = document.createElement('style');
-style.textContent = arguments[2];
-document.head.appendChild(style);
-return {entries: entries, missing: missing};
+})();
