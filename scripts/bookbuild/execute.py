@@ -171,8 +171,8 @@ def require_executed(cache=None) -> None:
     cache = cache or open_cache(read_only=True)
     missing = [p.name for p in stale(cache, notebook_sources())]
     if missing:
-        fail(f"no executed copy of {', '.join(missing)} in the cache: "
-             f"Sphinx would execute it. Run `make book`.")
+        fail(f"no executed copy of {', '.join(missing)} in the cache "
+             f"(Sphinx would execute it): run `make book`")
 
 
 # ── glued values ──────────────────────────────────────────────────────

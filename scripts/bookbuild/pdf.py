@@ -1,25 +1,10 @@
-"""The book as one PDF, printed by headless Chromium's own command line
-from the notebooks `make book` executed.
-
-    python scripts/book.py pdf           render a single-page build, print it, copy it into the site
-
-1. Render `_build/singlehtml` with Jupyter Book's `singlehtml` builder from
-   the jupyter-cache `make book` filled (nothing is executed again; a stale
-   notebook stops it).
-2. Write it as `print.html` with the print styles (pdf_assets/print.css:
-   every dropdown open, the title in the page header and "page / pages" in
-   the footer, as CSS page-margin boxes) and pdf_assets/dress.js, which
-   adds a title page and a contents list with links from _toc.yml.
-3. Print it with `chromium --headless --print-to-pdf`, every host
-   unreachable, bookmarks from the headings
-   (--generate-pdf-document-outline), after the page's scripts (MathJax
-   among them) ran. Write `_build/pdf/why-self-attention.pdf` and copy it to
-   `_build/html/`, where the intro links it.
-
-What the PDF must hold (every page in order with its bookmark, typeset
-formulas, figures, numbers) is checked by tests/site/test_pdf.py. Every
-failure here stops with one line that says what to run.
-"""
+"""`make pdf`: the book as one PDF. Jupyter Book's `singlehtml` build of the
+executed cache (a stale notebook stops it) is written as print.html with
+pdf_assets/ (print.css: dropdowns open, the title and "page / pages" in the
+page margins; dress.js: a title page and contents from _toc.yml), then
+printed by `chromium --headless --print-to-pdf`, bookmarks from the
+headings, into _build/pdf/ and the site. tests/site/test_pdf.py checks what
+the PDF holds."""
 
 from __future__ import annotations
 
@@ -29,16 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from bookbuild.common import (
-    BUILD,
-    CACHE,
-    ROOT,
-    BuildError,
-    book_config,
-    fail,
-    rel,
-)
-from bookbuild.execute import glued_values
+from bookbuild.common import BUILD, CACHE, ROOT, book_config, fail, rel
+from bookbuild.execute import require_executed
 from bookbuild.site import render as render_site
 
 ASSETS = Path(__file__).with_name("pdf_assets")
@@ -70,10 +47,7 @@ def check_executed() -> None:
     built."""
     if not CACHE.exists():
         fail(f"no executed notebooks in {rel(CACHE)}: run `make book` first")
-    try:
-        glued_values()
-    except BuildError as error:            # a notebook changed since
-        fail(f"{str(error).split(': run', 1)[0]}: run `make book` first")
+    require_executed()
     if not (BUILD / "html" / "index.html").exists():
         fail("no built site in _build/html: run `make book` first")
 
