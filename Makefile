@@ -1,6 +1,5 @@
 # Why Self-Attention: `make book` builds and checks the book, `make test` runs the tests.
-# Both create .venv from requirements.txt and requirements-nodeps.txt on first use (and again
-# when the pins change).
+# Both create .venv from the lock, requirements.txt, on first use (and again when it changes).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -30,18 +29,18 @@ test: env
 	$(BIN)/ruff check scripts tests
 	$(BIN)/python -m pytest -n 2 --dist worksteal tests/helpers tests/build
 
-## env: create .venv with the pinned packages and the book's helpers (only when missing or pins changed)
+## env: create .venv with the locked packages and the book's helpers (only when missing or the lock changed)
 env: $(STAMP)
 
-PINS := requirements.txt requirements-nodeps.txt constraints.txt
+PINS := requirements.txt
 
+# The lock holds every package: installed as it is, nothing resolved (requirements.txt says why).
 $(STAMP): $(PINS) pyproject.toml
 	@if [ -d $(VENV) ] && ! grep -hv '^#' $(PINS) | cmp -s - $(STAMP); then \
 		echo "the pins changed: recreating $(VENV)"; rm -rf $(VENV); fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	grep -hv '^#' $(PINS) > $(STAMP)      # the pins without their comments
 
@@ -114,14 +113,14 @@ site-test: env
 
 ## newest: .venv with the newest releases within pyproject.toml's ranges (torch: the newest CPU build),
 ## then `make book` uses it as it is (the weekly workflow); `make env` goes back to the pins
-## whenever requirements*.txt change. The versions go to the job summary in a workflow.
+## whenever requirements.txt changes. The versions go to the job summary in a workflow.
 newest:
 	$(PYTHON) scripts/book.py newest --venv $(VENV) --stamp $(STAMP)
 
-## lock: rewrite constraints.txt, every package .venv holds at its installed version (run it after
-## a change of requirements*.txt and `make env`; `make env` installs within it)
+## lock: rewrite requirements.txt, every package .venv holds at its installed version, keeping its
+## header (after `.venv/bin/pip install NAME==VERSION`; `make env` installs exactly the lock)
 .PHONY: lock
 lock: env
-	{ echo "# Every package .venv holds, at its version: written by \`make lock\` (pip freeze), read by"; \
-	  echo "# \`make env\` as constraints (pip install -c), so that an install is the same everywhere."; \
-	  $(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.txt
+	{ grep '^#' requirements.txt; \
+	  $(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
+	mv requirements.lock.new requirements.txt

@@ -44,9 +44,7 @@ STAMP = BUILD / "jupyter_cache.inputs"    # the stamp beside the cache
 #: the reader myst-nb uses for a .md: the cache keys what myst-nb looks up
 READER = {"name": "myst_nb_md", "type": "plugin"}
 STAMP_FILES = ("scripts/tx_part4.py", "scripts/tx_model_configs",
-               "measurements", "requirements.txt",
-               "requirements-nodeps.txt", "constraints.txt",
-               "pyproject.toml")
+               "measurements", "requirements.txt", "pyproject.toml")
 STAMP_PACKAGES = ("torch", "transformers", "numpy", "pandas",
                   "matplotlib", "ipykernel", "myst-nb")
 #: what a user sets on purpose that changes outputs: a simulated machine,

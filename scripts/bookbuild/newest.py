@@ -1,21 +1,25 @@
 """`make newest`: .venv with the newest releases pip allows within the
-ranges pyproject.toml declares, not the pins (the weekly workflow).
+ranges pyproject.toml declares, not the lock (the weekly workflow).
 
     python3 scripts/book.py newest --venv .venv --stamp .venv/.pins
 
-A new virtual environment gets torch's newest CPU build, then every package
-of requirements*.txt without its pin but within its declared range, then the
-book's helpers (editable), as `make env` installs them. A newer major
-release outside a declared range is named in the job summary
-(GITHUB_STEP_SUMMARY), not installed. The stamp `make env` keeps is
-written last (pip freeze: newer than the pins and unlike them), so `make
-book` uses this environment until requirements*.txt change. The weekly
-workflow then runs `WHY_SELF_ATTENTION_RELEASES=newest make book`.
+A new virtual environment gets torch's newest CPU build within its range,
+then the book's helpers with their `book` and `test` extras (editable), each
+package the newest its range allows, with every dependency (the model
+package's sentence-transformers, scikit-learn and SciPy too, as on Colab).
+The packages pip reports as outdated (a newer release outside a declared
+range, or held back by another package) are named in the job summary
+(GITHUB_STEP_SUMMARY), not installed.
+The stamp `make env` keeps is written last (pip freeze: newer than the lock
+and unlike it), so `make book` uses this environment until requirements.txt
+changes. The weekly workflow then runs
+`WHY_SELF_ATTENTION_RELEASES=newest make book`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -26,65 +30,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-NAME = re.compile(r"^\s*([A-Za-z0-9][\w.-]*)(\[[^\]]*\])?\s*(.*?)\s*$")
 
 
-def canonical(name: str) -> str:
-    """A package name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def declared_ranges() -> dict[str, str]:
-    """{name: range} from pyproject.toml's dependencies and extras."""
+def torch_range() -> str:
+    """torch's range in pyproject.toml's dependencies, e.g. `>=2.13,<3`."""
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    project = tomllib.loads(text)["project"]
-    lines = project["dependencies"] + sum(
-        project.get("optional-dependencies", {}).values(), [])
-    return {canonical(m[1]): m[3].replace(" ", "")
-            for m in map(NAME.match, lines) if m[3]}
-
-
-def unpinned(path: Path, ranges: dict[str, str]) -> list[str]:
-    """A requirements file's packages, each within its declared range."""
-    found = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        match = NAME.match(line.split("#", 1)[0])
-        if match:
-            name = match[1] + (match[2] or "")
-            found.append(name + ranges.get(canonical(match[1]), ""))
-    return found
+    for line in tomllib.loads(text)["project"]["dependencies"]:
+        found = re.fullmatch(r"torch\s*([<>=!~][^;]*)", line.strip())
+        if found:
+            return found[1].replace(" ", "")
+    raise KeyError("pyproject.toml declares no range for torch")
 
 
 def commands(python: str) -> list[list[str]]:
     """The pip commands that fill the environment, in order."""
-    ranges = declared_ranges()
     pip = [python, "-m", "pip", "install", "--quiet"]
-    rest = [r for r in unpinned(ROOT / "requirements.txt", ranges)
-            if canonical(NAME.match(r)[1]) != "torch"]
-    nodeps = unpinned(ROOT / "requirements-nodeps.txt", ranges)
     return [pip + ["--upgrade", "pip"],
-            pip + ["torch" + ranges["torch"], "--index-url", TORCH_INDEX],
-            pip + rest, pip + ["--no-deps", *nodeps],
-            pip + ["--no-deps", "-e", str(ROOT)]]
+            pip + ["torch" + torch_range(), "--index-url", TORCH_INDEX],
+            pip + ["-e", f"{ROOT}[book,test]"]]
 
 
-def outside_ranges(python: str) -> list[str]:
-    """`name version (declared range)` for each package whose newest
-    release is a major version its range leaves out."""
-    found = []
-    for name, spec in sorted(declared_ranges().items()):
-        limit = re.search(r"<(\d+)(\.0)*(,|$)", spec)
-        if not limit:
-            continue
-        index = ["--index-url", TORCH_INDEX] if name == "torch" else []
-        listed = subprocess.run(
-            [python, "-m", "pip", "index", "versions", name, *index],
-            capture_output=True, text=True).stdout
-        newest = re.match(r"\S+ \((\d+)[^)]*\)", listed)
-        if newest and int(newest[1]) >= int(limit[1]):
-            found.append(f"{name} {newest[0].split()[1][1:-1]} "
-                         f"(declared {spec})")
-    return found
+def outdated(python: str) -> list[str]:
+    """`name version (newest: version)` for each package with a newer
+    release than the one installed."""
+    listed = subprocess.run(
+        [python, "-m", "pip", "list", "--outdated", "--format=json"],
+        capture_output=True, text=True).stdout
+    return [f"{p['name']} {p['version']} (newest: {p['latest_version']})"
+            for p in json.loads(listed or "[]")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     frozen = subprocess.run([python, "-m", "pip", "freeze"], check=True,
                             capture_output=True, text=True).stdout
-    outside = outside_ranges(python)
+    held = outdated(python)
     text = ("### The newest releases within the declared ranges\n\n"
-            + (f"Newer major releases, not installed: {', '.join(outside)}"
-               f".\n\n" if outside else "")
+            + (f"Newer releases, not installed: {', '.join(held)}.\n\n"
+               if held else "")
             + "```\n" + frozen + "```\n")
     print(text)
     if os.environ.get("GITHUB_STEP_SUMMARY"):

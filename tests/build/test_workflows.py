@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -218,8 +219,7 @@ def test_the_caches_are_keyed_by_what_changes_them(workflows):
     caches = {(job, s["name"]): s["with"] for job, spec in jobs.items() for s in spec["steps"]
               if s.get("uses", "").startswith("actions/cache")}
     pip = [w for (_, name), w in caches.items() if w["path"] == "~/.cache/pip"]
-    assert pip and all("requirements.txt" in w["key"] and "requirements-nodeps.txt" in w["key"]
-                       for w in pip)
+    assert pip and all("'requirements.txt', 'pyproject.toml'" in w["key"] for w in pip)
     execution = [w for w in caches.values() if "_build/.jupyter_cache" in w["path"]]
     assert len(execution) == 2                      # saved by the book job, read by the site job
     assert execution[0]["key"] == execution[1]["key"]
@@ -310,8 +310,7 @@ def test_make_keeps_the_newest_environment_until_the_pins_change(tmp_path):
     is newer than the pins); once requirements.txt changes, `make env` rebuilds from the pins."""
     import os
 
-    for name in ("Makefile", "requirements.txt", "requirements-nodeps.txt", "constraints.txt",
-                 "pyproject.toml"):
+    for name in ("Makefile", "requirements.txt", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").write_text("")
@@ -321,38 +320,33 @@ def test_make_keeps_the_newest_environment_until_the_pins_change(tmp_path):
     assert "pip install" not in dry_run()                          # kept as it is
     later = (tmp_path / ".venv" / ".pins").stat().st_mtime + 10
     os.utime(tmp_path / "requirements.txt", (later, later))        # the pins change
-    assert "recreating" in dry_run() and "pip install --quiet -r requirements.txt" in dry_run()
+    assert "recreating" in dry_run() and "pip install --quiet --no-deps -r requirements.txt" in dry_run()
 
 
-def test_the_newest_environment_takes_every_pinned_package_within_its_declared_range():
+def test_the_newest_environment_takes_the_declared_ranges_not_the_lock():
     from bookbuild import newest
 
     commands = newest.commands("python")
     assert commands[1][5:] == ["torch>=2.13,<3", "--index-url", newest.TORCH_INDEX]
-    named = [word for command in commands[1:4] for word in command[5:] if word[0] != "-"
-             and not word.startswith("http")]
-    assert not any("==" in word for word in named)
-    pinned = [line.split("==")[0] for name in ("requirements.txt", "requirements-nodeps.txt")
-              for line in (ROOT / name).read_text(encoding="utf-8").splitlines()
-              if "==" in line and not line.startswith("#")]
-    assert sorted(re.match(r"[\w.\[\]-]+", word).group() for word in named) == sorted(pinned)
-    assert "jupyter-book>=1,<2" in commands[2] and commands[3][5] == "--no-deps"
+    assert commands[2][5:] == ["-e", f"{ROOT}[book,test]"]
+    assert not any("requirements" in word for command in commands for word in command)
 
 
-def test_the_lock_holds_every_pin_at_its_pinned_version():
-    """constraints.txt (`make lock`) must agree with requirements*.txt: a pin changed without
-    `make lock` would be refused by pip, or worse, silently held back."""
-    def versions(name):
-        found = {}
-        for line in (ROOT / name).read_text(encoding="utf-8").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if "==" in line:
-                package, version = line.split("==", 1)
-                found[re.sub(r"[-_.]+", "-", package.split("[")[0]).lower()] = version
-        return found
+def test_the_lock_holds_every_declared_package_within_its_range():
+    """requirements.txt (`make lock`) holds every package pyproject.toml declares, its
+    dependencies and both extras, at a version within the declared range."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
-    locked = versions("constraints.txt")
-    pins = {**versions("requirements.txt"), **versions("requirements-nodeps.txt")}
-    differ = {name: (version, locked.get(name)) for name, version in pins.items()
-              if locked.get(name) != version}
-    assert not differ, f"run `make env && make lock`: pin against lock {differ}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = project["dependencies"] + sum(project["optional-dependencies"].values(), [])
+    locked = {}
+    for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            locked[canonicalize_name(name)] = version
+    assert len(declared) >= 25 and len(locked) >= len(declared)
+    wrong = [f"{r}: locked {version}" for r in map(Requirement, declared)
+             if (version := locked.get(canonicalize_name(r.name))) is None
+             or not r.specifier.contains(version, prereleases=True)]
+    assert not wrong, "the lock (requirements.txt) against pyproject.toml: " + "; ".join(wrong)
