@@ -57,16 +57,17 @@ sync: env
 check-sync: env
 	$(BIN)/python scripts/book.py check-sync
 
+## execute: execute the stale notebooks (FRESH=1: again; PAGES="01_costs …": only those pages)
 execute: env
-	$(BIN)/python scripts/book.py execute$(if $(filter 1 true yes,$(FRESH)), --fresh)
+	$(BIN)/python scripts/book.py execute$(if $(filter 1 true yes,$(FRESH)), --fresh) $(PAGES)
 
-## check-numbers: compare the last build's glued numbers with numbers.toml
+## check-numbers: compare the last build's glued numbers with numbers.toml (PAGES: only those)
 check-numbers: env
-	$(BIN)/python scripts/book.py check-numbers
+	$(BIN)/python scripts/book.py check-numbers $(PAGES)
 
-## numbers: accept the last build's glued numbers into numbers.toml and print the diff
+## numbers: accept the last build's glued numbers into numbers.toml and print the diff (PAGES: only those)
 numbers: env
-	$(BIN)/python scripts/book.py numbers
+	$(BIN)/python scripts/book.py numbers $(PAGES)
 
 ledger: env
 	$(BIN)/python scripts/book.py ledger

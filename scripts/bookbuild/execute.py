@@ -55,7 +55,11 @@ STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY")
 KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
               "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false",
-              "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+              "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+              "IPYTHONDIR": str(BUILD / "ipython")}
+#: the kernel's own log (never a cell's output) at ERROR: ipykernel 7
+#: warns at every start that its local TCP transport is not encrypted
+KERNEL_CONFIG = {"IPKernelApp": {"log_level": "ERROR"}}
 #: tx_part4 glues a value's kind, tolerance, a claim's ratio and threshold
 #: and a phrase's words under this prefix + the key (a colon: never a key)
 HINT = module_constant("HINT")
@@ -135,6 +139,10 @@ def run(cache, uris: list[str] | None = None,
 
     logger = logging.getLogger("execute")
     logger.setLevel(logging.INFO)      # the pool's start and end of each
+    profile = BUILD / "ipython" / "profile_default"
+    profile.mkdir(parents=True, exist_ok=True)
+    (profile / "ipython_kernel_config.json").write_text(
+        json.dumps(KERNEL_CONFIG), encoding="utf-8")
     executor = load_executor("temp-parallel", cache, logger=logger)
     with mock.patch.dict(os.environ, {**KERNEL_ENV, **(env or {})}):
         result = executor.run_and_cache(filter_uris=uris, timeout=TIMEOUT)
@@ -149,10 +157,14 @@ def run(cache, uris: list[str] | None = None,
 
 
 def execute(only: list[str] | None = None, fresh: bool = False) -> None:
-    """Execute the stale notebooks (all when `fresh`) into the cache, and
-    print each one's seconds."""
-    cache = open_cache(fresh)
+    """Execute the stale notebooks (`fresh`: all, or those in `only`)
+    into the cache, printing each one's seconds."""
+    cache = open_cache(fresh and not only)
     paths = [p for p in notebook_sources() if not only or p.stem in only]
+    for path in paths if fresh and only else []:   # those pages' records
+        record = cache.get_cached_project_nb(str(path))
+        if record is not None:
+            cache.remove_cache(record.pk)
     todo, start = stale(cache, paths), time.perf_counter()
     run(cache, [str(p) for p in todo])
     for path in todo:

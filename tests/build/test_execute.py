@@ -110,7 +110,8 @@ def cache_executed(md: Path) -> None:
 
     executed = get_reader(execute.READER)(str(md))
     execute.open_cache().cache_notebook_bundle(
-        CacheBundleIn(executed, str(md)), check_validity=False)
+        CacheBundleIn(executed, str(md), data={"execution_seconds": 0.0}),
+        check_validity=False)
 
 
 def test_a_prose_edit_is_not_executed_again_a_code_edit_is(book):
@@ -130,6 +131,19 @@ def test_a_new_stamp_clears_the_cache_naming_the_input(book, monkeypatch,
     monkeypatch.setattr(execute, "stamp_inputs", lambda: {"torch": "2"})
     assert execute.stale(execute.open_cache(), [book]) == [book]
     assert "execute: torch changed" in capsys.readouterr().out
+
+
+def test_fresh_with_named_pages_runs_only_those_again(book, monkeypatch):
+    """`execute --fresh PAGE` forgets that page's record, not the cache."""
+    other = notebook(book.with_name("10_other.md"), code="y = 1")
+    for md in (book, other):
+        cache_executed(md)
+    ran = []
+    monkeypatch.setattr(execute, "run", lambda cache, uris: [
+        ran.append(uri) or cache_executed(Path(uri)) for uri in uris])
+    execute.execute(["09_page"], fresh=True)
+    assert ran == [str(book)]
+    assert execute.stale(execute.open_cache(), [book, other]) == []
 
 
 def test_the_message_names_a_few_changed_inputs_then_counts():
