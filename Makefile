@@ -116,7 +116,7 @@ site-test: env
 ## then `make book` uses it as it is (the weekly workflow); `make env` goes back to the pins
 ## whenever requirements.txt changes. The versions go to the job summary in a workflow.
 newest:
-	$(PYTHON) scripts/book.py newest --venv $(VENV) --stamp $(STAMP)
+	$(PYTHON) scripts/book.py newest
 
 ## lock: rewrite requirements.txt, every package .venv holds at its installed version, keeping its
 ## header (after `.venv/bin/pip install NAME==VERSION`; `make env` installs exactly the lock)

@@ -1,18 +1,14 @@
-"""Measure Part 2's timings on a GPU machine and write the record the book
-shows, in exactly the format `tx.recorded` reads.
+"""Measure Part 2's timings on a CUDA machine and write the record the
+book shows, in exactly the format `tx.recorded` reads.
 
     python scripts/gpu_record.py [--out PATH]
 
-On a machine with a CUDA device this times Part 2's wall-time table (one
-self-attention step against one recurrent loop, d = 512) and the same
-n·d² multiply-adds as one product and as an n-step chain, on the GPU, on
-all the CPU's threads and on one thread (every timer synchronised with the
-device: tx.time_call). It writes measurements/DEVICE-DATE.json. Without
-CUDA it exits 2 with one line. To show a new record, commit it and name it
-in tx_part4.RECORDED; the build checks its values as kind `recorded`.
+It times Part 2's wall-time table (attention against a recurrent loop,
+d = 512) and the same n·d² multiply-adds as one product and as an n-step
+chain, on the GPU, on all the CPU's threads and on one (tx.time_call
+synchronises with the device), into measurements/DEVICE-DATE.json. To
+show a new record, commit it and name it in tx_part4.RECORDED.
 """
-
-from __future__ import annotations
 
 import argparse
 import datetime
@@ -92,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                        for c in record["device"].lower()).strip("-")
         args.out = MEASUREMENTS / f"{slug}-{record['date']}.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(record, indent=1) + "\n"
-    args.out.write_text(text, encoding="utf-8")
+    args.out.write_text(json.dumps(record, indent=1) + "\n")  # ASCII
     print(f"{args.out}: {record['device']}, torch {record['torch']}, "
           f"{record['date']}")
     return 0

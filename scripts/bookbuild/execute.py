@@ -1,23 +1,12 @@
-"""Stage 2, execute: the stale notebooks run through jupyter-cache's
-`temp-parallel` executor (as many at a time as there are cores, each in an
-empty temporary folder) into the cache that myst-nb renders from; then
-their glued values are read back from the cache.
-
-What is stale. jupyter-cache keys a notebook by its code cells. Everything
-else a page's outputs depend on (the module, the model configs, the GPU
-records in measurements/, the pins, the installed versions, the simulated
-machine) is recorded in one stamp beside the cache, a JSON map of each
-input to its hash or version: when one changes, the cache is cleared, every
-page runs again, and the message names what changed. Every page imports the
-module and the pins, so this is the simplest rule that is correct; a page's
-own data (measurements/, the configs) is rare enough to cost a full run.
-The kernels inherit this process's environment: KERNEL_ENV is set in it
-while they run, so outputs do not depend on whether make set those.
-"""
-
-from __future__ import annotations
+"""Stage 2: the stale notebooks run through jupyter-cache's temp-parallel
+executor (a process a core, each notebook in an empty folder) into the
+cache myst-nb renders from. jupyter-cache keys a notebook by its code
+cells; all else its outputs depend on is in one stamp beside the cache
+(STAMP_*): when one changes, the message names it and every page runs
+again (every page imports the module and the pins)."""
 
 import ast
+import copy
 import hashlib
 import json
 import logging
@@ -27,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 from bookbuild.common import (
@@ -40,18 +30,18 @@ from bookbuild.common import (
     rel,
 )
 
-STAMP = BUILD / "jupyter_cache.inputs"    # the stamp beside the cache
-#: the reader myst-nb uses for a .md: the cache keys what myst-nb looks up
+STAMP = BUILD / "jupyter_cache.inputs"
+#: myst-nb's reader of a .md: the cache keys what myst-nb looks up
 READER = {"name": "myst_nb_md", "type": "plugin"}
 STAMP_FILES = ("scripts/tx_part4.py", "scripts/tx_model_configs",
                "measurements", "requirements.txt", "pyproject.toml")
 STAMP_PACKAGES = ("torch", "transformers", "numpy", "pandas",
                   "matplotlib", "ipykernel", "myst-nb")
-#: what a user sets on purpose that changes outputs: a simulated machine,
-#: torch's CPU kernels (Part 4 saw a value move by a fifth)
+#: set on purpose, they change outputs: a simulated machine, torch's CPU
+#: kernels (Part 4 saw a value move by a fifth)
 STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY")
-#: the kernels' environment over the caller's: offline, fixed hashing, and
-#: Jupyter's figures even where MPLBACKEND=Agg
+#: the kernels' environment over the caller's: offline, fixed hashing,
+#: Jupyter's figures even where MPLBACKEND=Agg, and IPython's config
 KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
               "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false",
@@ -61,34 +51,28 @@ KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
 #: warns at every start that its local TCP transport is not encrypted
 KERNEL_CONFIG = {"IPKernelApp": {"log_level": "ERROR"}}
 #: tx_part4 glues a value's kind, tolerance, a claim's ratio and threshold
-#: and a phrase's words under this prefix + the key (a colon: never a key)
+#: and a phrase's words under HINT + the key
 HINT = module_constant("HINT")
 
 
 def stamp_inputs(root: Path = ROOT) -> dict[str, str | None]:
-    """Everything a page's outputs depend on besides its code cells: each
-    file's hash, each package's version, each variable's value."""
+    """Each stamped file's hash, package's version, variable's value."""
     from importlib.metadata import version
 
     inputs = {"python": sys.version}
     for name in STAMP_FILES:
         path = root / name
-        files = sorted(path.rglob("*")) if path.is_dir() else [path]
-        for file in files:
-            if file.is_dir() or "__pycache__" in file.parts:
-                continue
-            inputs[file.relative_to(root).as_posix()] = (
-                hashlib.sha256(file.read_bytes()).hexdigest()[:16]
-                if file.exists() else None)
-    for package in STAMP_PACKAGES:
-        inputs[package] = version(package)
-    for variable in STAMP_VARIABLES:
-        inputs[variable] = os.environ.get(variable)
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if file.is_file() and "__pycache__" not in file.parts:
+                inputs[file.relative_to(root).as_posix()] = hashlib.sha256(
+                    file.read_bytes()).hexdigest()[:16]
+    inputs.update({p: version(p) for p in STAMP_PACKAGES})
+    inputs.update({v: os.environ.get(v) for v in STAMP_VARIABLES})
     return inputs
 
 
 def changed_inputs(old: dict, new: dict, shown: int = 3) -> str:
-    """The inputs whose hash, version or value differ, a few by name."""
+    """The inputs that differ, a few by name."""
     names = [k for k in {**new, **old} if old.get(k) != new.get(k)]
     more = len(names) - shown
     return ", ".join(names[:shown]) + (f" and {more} more" if more > 0
@@ -96,13 +80,12 @@ def changed_inputs(old: dict, new: dict, shown: int = 3) -> str:
 
 
 def open_cache(fresh: bool = False, read_only: bool = False):
-    """The cache, emptied when asked or when the stamp changed, with every
-    notebook in its project. `read_only` (the render, the number check):
-    a changed stamp fails instead, the cache left as it is."""
+    """The cache with every notebook in its project, emptied when `fresh`
+    or the stamp changed (`read_only`: a changed stamp fails instead)."""
     from jupyter_cache import get_cache
 
     inputs = stamp_inputs()
-    try:                        # an older build's stamp: a plain digest
+    try:
         old = json.loads(STAMP.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         old = None
@@ -124,17 +107,15 @@ def open_cache(fresh: bool = False, read_only: bool = False):
 
 
 def stale(cache, paths: list[Path]) -> list[Path]:
-    """The notebooks without an executed copy of their code cells: what
-    myst-nb would execute itself."""
+    """The notebooks with no executed copy of their code cells."""
     return [p for p in paths if cache.get_cached_project_nb(str(p)) is None]
 
 
 def run(cache, uris: list[str] | None = None,
         env: dict[str, str] | None = None) -> None:
-    """Execute the notebooks of the cache's project that have no executed
-    copy (of `uris`, if given) into it, with KERNEL_ENV and `env` in the
-    kernels' environment. A failing cell fails, naming the notebook and
-    quoting the cell."""
+    """Execute the project's notebooks without an executed copy (of
+    `uris`, if given), with KERNEL_ENV and `env` set; a failing cell
+    fails, naming the notebook and quoting the cell."""
     from jupyter_cache.executors import load_executor
 
     logger = logging.getLogger("execute")
@@ -149,9 +130,8 @@ def run(cache, uris: list[str] | None = None,
     errors = []
     for uri in result.excepted + result.errored:
         error = cache.get_project_record(uri).traceback or "(see above)"
-        marker = "An error occurred while executing"   # nbclient's quote
-        error = error[max(error.find(marker), 0):]
-        errors.append(f"{rel(Path(uri))}: {error}")
+        quote = error.find("An error occurred while executing")  # nbclient
+        errors.append(f"{rel(Path(uri))}: {error[max(quote, 0):]}")
     if errors:
         fail("a notebook failed to execute:\n" + "\n".join(errors))
 
@@ -168,8 +148,8 @@ def execute(only: list[str] | None = None, fresh: bool = False) -> None:
     todo, start = stale(cache, paths), time.perf_counter()
     run(cache, [str(p) for p in todo])
     for path in todo:
-        seconds = cache.get_cached_project_nb(str(path)).data
-        print(f"  {path.stem:35s} {seconds['execution_seconds']:6.1f} s")
+        data = cache.get_cached_project_nb(str(path)).data
+        print(f"  {path.stem:35s} {data['execution_seconds']:6.1f} s")
     print(f"executed {len(todo)} of {len(paths)} notebooks in "
           f"{time.perf_counter() - start:.1f} s ({os.cpu_count()} at a "
           f"time, each in an empty folder); {len(paths) - len(todo)} from "
@@ -185,14 +165,11 @@ def require_executed(cache=None) -> None:
              f"(Sphinx would execute it): run `make book`")
 
 
-# ── glued values ──────────────────────────────────────────────────────
-
-
 @dataclass
 class Glued:
-    """One glued value as the executed notebook holds it."""
+    """One glued value, with what tx_part4 glued beside it."""
     value: object
-    kind: str | None = None       # the kind tx.show was given
+    kind: str | None = None
     tol: float | None = None
     ratio: float | None = None        # a claim (tx.claim): its ratio
     threshold: float | None = None    # ... and the threshold to exceed
@@ -200,34 +177,29 @@ class Glued:
 
     @property
     def margin(self) -> float | None:
-        """A claim's ratio ÷ threshold (under 2: another machine may flip
-        it)."""
+        """A claim's ratio ÷ threshold (under 2: it may flip)."""
         if self.ratio is None or not self.threshold:
             return None
         return self.ratio / self.threshold
 
 
 def glued_in_notebook(notebook) -> dict[str, Glued]:
-    """Every key myst_nb.glue stored in an executed notebook, its value
-    read back from its text, with the hints tx_part4 glued beside it."""
+    """Every key glued in a notebook (read by myst-nb), its value from its
+    text, its hints (none: the kind tx.show gives a value of its type)."""
+    from myst_nb.ext.glue import extract_glue_data
+
     found, hints = {}, {}
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            glue = output.get("metadata", {}).get("scrapbook")
-            if not glue:
-                continue
-            text = output.get("data", {}).get(
-                glue.get("mime_prefix", "") + "text/plain")
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError, TypeError):
-                value = text            # a figure or table glued whole
-            name = glue["name"]
-            if name.startswith(HINT):
-                hints[name[len(HINT):]] = value
-            else:
-                found[name] = value
-    # no hint: the kind tx.show gives a value of its type
+    notebook = copy.deepcopy(notebook)    # the reader takes outputs out
+    twice = SimpleNamespace(warning=lambda message, **_: fail(message))
+    for key, output in extract_glue_data(
+            notebook, [0] * len(notebook.cells), twice).items():
+        text = output["data"].get("text/plain")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError):
+            value = text            # a figure or table glued whole
+        (hints if key.startswith(HINT) else found)[
+            key.removeprefix(HINT)] = value
     return {key: Glued(value, **{"kind": "close" if isinstance(value, float)
                                  else "exact", **hints.get(key, {})})
             for key, value in found.items()}
@@ -238,8 +210,7 @@ def glued_values(only: list[str] | None = None
     """The glued values of every executed notebook (or those named)."""
     if not CACHE.exists():
         fail("no executed notebooks: run `make book` first")
-    cache = open_cache(read_only=True)
-    pages = {}
+    cache, pages = open_cache(read_only=True), {}
     for path in notebook_sources():
         if only and path.stem not in only:
             continue
@@ -247,6 +218,6 @@ def glued_values(only: list[str] | None = None
         if record is None:
             fail(f"notebooks/{path.name} has no up-to-date executed copy "
                  f"in the cache: run `make book`")
-        notebook = cache.get_cache_bundle(record.pk).nb
-        pages[path.stem] = glued_in_notebook(notebook)
+        pages[path.stem] = glued_in_notebook(
+            cache.get_cache_bundle(record.pk).nb)
     return pages

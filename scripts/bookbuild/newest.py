@@ -1,24 +1,12 @@
-"""`make newest`: .venv with the newest releases pip allows within the
-ranges pyproject.toml declares, not the lock (the weekly workflow).
+"""`make newest` (the weekly workflow): a new .venv with the newest
+releases within pyproject.toml's ranges, not the lock: torch's newest CPU
+build, then the helpers with the `book` and `test` extras (editable),
+every dependency as pip resolves it. The packages with a newer release
+than the one installed are named in the job summary. The stamp `make env`
+keeps (.venv/.pins) is written last, so `make book` and `make test` use
+this environment until requirements.txt changes. Only the standard
+library here: `make newest` runs on the system's python3."""
 
-    python3 scripts/book.py newest --venv .venv --stamp .venv/.pins
-
-A new virtual environment gets torch's newest CPU build within its range,
-then the book's helpers with their `book` and `test` extras (editable), each
-package the newest its range allows, with every dependency (the model
-package's sentence-transformers, scikit-learn and SciPy too, as on Colab).
-The packages pip reports as outdated (a newer release outside a declared
-range, or held back by another package) are named in the job summary
-(GITHUB_STEP_SUMMARY), not installed.
-The stamp `make env` keeps is written last (pip freeze: newer than the lock
-and unlike it), so `make book` uses this environment until requirements.txt
-changes. The weekly workflow then runs
-`WHY_SELF_ATTENTION_RELEASES=newest make book`.
-"""
-
-from __future__ import annotations
-
-import argparse
 import json
 import os
 import re
@@ -29,46 +17,24 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def torch_range() -> str:
-    """torch's range in pyproject.toml's dependencies, e.g. `>=2.13,<3`."""
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    for line in tomllib.loads(text)["project"]["dependencies"]:
-        found = re.fullmatch(r"torch\s*([<>=!~][^;]*)", line.strip())
-        if found:
-            return found[1].replace(" ", "")
-    raise KeyError("pyproject.toml declares no range for torch")
-
-
 def commands(python: str) -> list[list[str]]:
-    """The pip commands that fill the environment, in order."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    torch = next(line.replace(" ", "") for line in tomllib.loads(text)[
+        "project"]["dependencies"] if re.match(r"torch\s*[<>=!~]", line))
     pip = [python, "-m", "pip", "install", "--quiet"]
     return [pip + ["--upgrade", "pip"],
-            pip + ["torch" + torch_range(), "--index-url", TORCH_INDEX],
+            pip + [torch, "--index-url", TORCH_INDEX],
             pip + ["-e", f"{ROOT}[book,test]"]]
 
 
-def outdated(python: str) -> list[str]:
-    """`name version (newest: version)` for each package with a newer
-    release than the one installed."""
-    listed = subprocess.run(
-        [python, "-m", "pip", "list", "--outdated", "--format=json"],
-        capture_output=True, text=True).stdout
-    return [f"{p['name']} {p['version']} (newest: {p['latest_version']})"
-            for p in json.loads(listed or "[]")]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", default=str(ROOT / ".venv"))
-    parser.add_argument("--stamp", help="default: VENV/.pins")
-    args = parser.parse_args(argv)
-    venv = Path(args.venv)
-    python = str(venv / "bin" / "python")
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+def main(argv: list[str]) -> int:
+    python = str(VENV / "bin" / "python")
+    shutil.rmtree(VENV, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     for command in commands(python):
         print("$", " ".join(command[2:]), flush=True)
         if subprocess.run(command).returncode != 0:
@@ -76,20 +42,18 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     frozen = subprocess.run([python, "-m", "pip", "freeze"], check=True,
                             capture_output=True, text=True).stdout
-    held = outdated(python)
+    listed = subprocess.run([python, "-m", "pip", "list", "--outdated",
+                             "--format=json"], capture_output=True,
+                            text=True).stdout
+    held = [f"{p['name']} {p['version']} (newest: {p['latest_version']})"
+            for p in json.loads(listed or "[]")]
     text = ("### The newest releases within the declared ranges\n\n"
             + (f"Newer releases, not installed: {', '.join(held)}.\n\n"
-               if held else "")
-            + "```\n" + frozen + "```\n")
+               if held else "") + f"```\n{frozen}```\n")
     print(text)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as out:
             out.write(text)
-    stamp = Path(args.stamp) if args.stamp else venv / ".pins"
-    stamp.write_text("# make newest, not the pins\n" + frozen,
-                     encoding="utf-8")
+    (VENV / ".pins").write_text("# make newest, not the pins\n" + frozen,
+                                encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

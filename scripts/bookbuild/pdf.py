@@ -1,18 +1,17 @@
-"""`make pdf`: the book as one PDF. Jupyter Book's `singlehtml` build of the
-executed cache (a stale notebook stops it) is written as print.html with
-pdf_assets/ (print.css: dropdowns open, the title and "page / pages" in the
-page margins; dress.js: a title page and contents from _toc.yml), then
-printed by `chromium --headless --print-to-pdf`, bookmarks from the
-headings, into _build/pdf/ and the site. tests/site/test_pdf.py checks what
-the PDF holds."""
-
-from __future__ import annotations
+"""`make pdf`: the book as one PDF. Jupyter Book's `singlehtml` build of
+the cache is written as print.html with pdf_assets/ (print.css: dropdowns
+open, the title and page numbers in the margins; dress.js: a title page
+and contents from _toc.yml), printed by `chromium --headless
+--print-to-pdf` (bookmarks from the headings) into _build/pdf/ and the
+site. tests/site/test_pdf.py checks what it holds."""
 
 import json
 import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import yaml
 
 from bookbuild.common import BUILD, CACHE, ROOT, book_config, fail, rel
 from bookbuild.execute import require_executed
@@ -22,72 +21,54 @@ ASSETS = Path(__file__).with_name("pdf_assets")
 SINGLE = BUILD / "singlehtml"
 PDF_NAME = "why-self-attention.pdf"
 PDF = BUILD / "pdf" / PDF_NAME
-# the intro page links it: ../why-self-attention.pdf
-SITE_COPY = BUILD / "html" / PDF_NAME
-# Sphinx writes the single page as the root document
-ROOT_PAGE = "book/intro.html"
-ENTRY = "print.html"      # ... whose links are relative to the build's top
+SITE_COPY = BUILD / "html" / PDF_NAME   # the intro links it
+ROOT_PAGE = "book/intro.html"     # Sphinx writes the single page here,
+ENTRY = "print.html"              # ... its links relative to the top
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-#: Headless Chromium as the book drives it here and in the browser test:
-#: nothing leaves the machine (every host but ours fails at once, without a
-#: DNS wait). Add a --window-size.
+#: Headless Chromium here and in the browser test: every host but ours
+#: fails at once, without a DNS wait. Add a --window-size.
 BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
                  "--disable-quic", "--no-first-run",
                  "--disable-background-networking",
                  "--disable-component-update", "--disable-sync",
                  "--hide-scrollbars",
-                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
-#: seconds of the page's own time (its scripts, MathJax's typesetting)
-#: before it prints; Chromium prints at once when nothing is left to run
+                 "--host-resolver-rules=MAP * ~NOTFOUND , "
+                 "EXCLUDE 127.0.0.1"]
+#: seconds of the page's own time (scripts, MathJax) before it prints
 LOAD_TIMEOUT = 120
 
 
-def check_executed() -> None:
-    """Every notebook has an up-to-date executed copy, and the site was
-    built."""
-    if not CACHE.exists():
-        fail(f"no executed notebooks in {rel(CACHE)}: run `make book` first")
-    require_executed()
-    if not (BUILD / "html" / "index.html").exists():
-        fail("no built site in _build/html: run `make book` first")
-
-
 def contents_entries() -> list[tuple[str, str | None, str | None]]:
-    """_toc.yml as (kind, title, docname): the root page, then each part's
-    caption and chapters."""
-    import yaml
-
+    """_toc.yml as (kind, title, docname): the root page (the intro),
+    then each part's caption and chapters."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    entries = [("chapter", None, None)]          # the root page: the intro
+    entries = [("chapter", None, None)]
     for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
         if part.get("caption"):
             entries.append(("part", part["caption"], None))
-        for chapter in part.get("chapters", []):
-            entries.append(("chapter", None, chapter["file"]))
+        entries += [("chapter", None, c["file"])
+                    for c in part.get("chapters", [])]
     return entries
 
 
 def render() -> None:
-    """Render _build/singlehtml from the cache (Jupyter Book's singlehtml
-    build, which fails first if it would execute a notebook), and write
-    print.html: the page with its print styles and dress.js."""
+    """The singlehtml build, then print.html: the page with its print
+    styles and dress.js, its links to itself kept in the page."""
     render_site("singlehtml", fresh=True)
     config = book_config()
     meta = {"title": config["title"], "author": config.get("author", ""),
             "subtitle": "Table 1 of Attention Is All You Need, counted, "
                         "measured and checked",
             "built": f"Built {time.strftime('%Y-%m-%d', time.gmtime())} "
-                     f"from the executed notebooks; every number is "
-                     f"computed"}
-    header = json.dumps(config["title"])
+                     "from the executed notebooks; every number is "
+                     "computed"}
     dress = (f"<style>{(ASSETS / 'print.css').read_text(encoding='utf-8')}"
-             f"@page {{ @top-right {{ content: {header}; }} }}</style>\n"
+             f"@page {{ @top-right {{ content: "
+             f"{json.dumps(config['title'])}; }} }}</style>\n"
              f"<script>const TOC = {json.dumps(contents_entries())}, "
              f"META = {json.dumps(meta)};\n"
              f"{(ASSETS / 'dress.js').read_text(encoding='utf-8')}"
              f"</script>\n</body>")
-    # Sphinx writes book/intro.html with links relative to the build's top
-    # (_static/, _images/): put it there, its links to itself in the page.
     text = (SINGLE / ROOT_PAGE).read_text(encoding="utf-8")
     text = text.replace(f'href="{ROOT_PAGE}#', 'href="#')
     (SINGLE / ENTRY).write_text(text.replace("</body>", dress, 1),
@@ -96,9 +77,13 @@ def render() -> None:
 
 
 def make_pdf() -> None:
-    """Everything `make pdf` does."""
+    """Everything `make pdf` does; a stale cache stops it first."""
     start = time.perf_counter()
-    check_executed()
+    if not CACHE.exists():
+        fail(f"no executed notebooks in {rel(CACHE)}: run `make book`")
+    require_executed()
+    if not (BUILD / "html" / "index.html").exists():
+        fail("no built site in _build/html: run `make book` first")
     if not Path(CHROMIUM).exists():
         fail(f"no {CHROMIUM}: install Debian's chromium (`make chromium`)")
     render()

@@ -1,23 +1,21 @@
-"""The book's Sphinx extension: three fixes of other libraries' HTML, each
-through Sphinx's public extension API, each until its library fixes it.
+"""The book's Sphinx extension: three fixes of other libraries' HTML,
+each through Sphinx's public API, each until its library fixes it.
 
-1. The bibliography as a list that assistive technology can read. docutils
-   0.21 writes each entry (sphinxcontrib-bibtex's citation nodes) as
-   <div role="doc-biblioentry"> inside <div role="list">; DPUB-ARIA 1.1
-   deprecates that role (https://github.com/w3c/dpub-aria/pull/22), and
-   axe-core reports aria-required-children (critical) on the list. Here the
-   same elements, ids and classes are written with role="listitem". No
+1. The bibliography as a list assistive technology can read: docutils
+   0.21 writes sphinxcontrib-bibtex's entries as role="doc-biblioentry"
+   inside role="list", a role DPUB-ARIA 1.1 deprecates
+   (https://github.com/w3c/dpub-aria/pull/22; axe-core: critical
+   aria-required-children). Written here with role="listitem". No
    docutils or sphinxcontrib-bibtex issue was found for it.
-2. Each script of a page written once. sphinx-thebe 0.3.1 and
-   sphinx-togglebutton 0.4.5 add their inline configuration scripts after
-   the HTML builder has started; Sphinx 7.4 then lists them twice, and a
-   second `const THEBE_JS_URL` is a SyntaxError in the reader's console.
-   No upstream issue was found for it.
-3. myst-nb's hidden-cell node in the single-page build (`make pdf`).
-   sphinx-exercise registers its nodes for "singlehtml"; from then on Sphinx
-   looks every node up under that name only, and myst-nb registered its
-   node for "html" alone (https://github.com/sphinx-doc/sphinx/issues/9160).
-   Here myst-nb's own visitors are registered for "singlehtml" too.
+2. Each script of a page once: sphinx-thebe 0.3.1 and sphinx-togglebutton
+   0.4.5 add their inline scripts after the HTML builder started, Sphinx
+   7.4 lists them twice, and a second `const THEBE_JS_URL` is a
+   SyntaxError. No upstream issue was found for it.
+3. myst-nb's hidden-cell node in `singlehtml` (`make pdf`): once
+   sphinx-exercise registers its nodes for "singlehtml", Sphinx looks
+   every node up under that name only, and myst-nb registered its node for
+   "html" alone (https://github.com/sphinx-doc/sphinx/issues/9160). Here
+   myst-nb's own visitors are registered for "singlehtml" too.
 """
 
 from docutils import nodes

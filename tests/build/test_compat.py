@@ -22,7 +22,7 @@ def test_the_declared_lower_bounds_are_read_from_pyproject():
 
 
 def test_a_package_without_a_lower_bound_is_an_error():
-    with pytest.raises(compat.CompatError, match="numpy"):
+    with pytest.raises(compat.BuildError, match="numpy"):
         compat.lowest_declared("numpy")            # declared, but with no `>=`
 
 
