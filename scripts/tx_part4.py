@@ -2013,9 +2013,10 @@ def flop_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       r: int) -> torch.Tensor:
-    """The same result as banded_attention, in the block shape real
-    kernels use: blocks of r queries, each against the 2r − 1 keys its
-    block can reach, in dense matrix products."""
+    """The same result as banded_attention, computed in blocks as tiled
+    kernels work (real ones choose their own tile sizes): blocks of r
+    queries, each against the 2r − 1 keys its block can reach, in dense
+    matrix products."""
     tx.check_qkv(q, k, v)
     tx.check_window(r=r)
     (n, d), half = q.shape, r // 2
@@ -2286,7 +2287,8 @@ def cache_trace(model: tx.ExampleModel, steps: int = 24,
                          "kept": tx.cached_tokens(cache),
                          "measured bytes": held,
                          "formula bytes": tx.kv_cache_bytes(t + 1, model,
-                                                            kept)})
+                                                            kept),
+                         "pinned bytes": tx.cache_pinned_bytes(cache)})
     table = pd.DataFrame(rows).set_index("tokens seen")
     table["equal"] = table["measured bytes"] == table["formula bytes"]
     return table
@@ -2439,6 +2441,19 @@ def cached_tokens(cache) -> int:
     return cache.layers[0].keys.shape[2]
 
 
+def cache_pinned_bytes(cache) -> int:
+    """Bytes of memory an attention cache's keys and values keep alive:
+    each tensor's whole storage, counted once. A slice of a tensor is a
+    view that keeps all of the tensor it was cut from (CPU or GPU; on
+    "meta" every storage has the same address, so this cannot count)."""
+    storages = {}
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
 #: torch's number type for each byte count a model may store a number in.
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 
@@ -2490,7 +2505,8 @@ def cache_check(model: tx.ExampleModel, lengths=(5, 17, 40),
                      "window": "none" if window is None else window,
                      "tokens": n, "kept": cached_tokens(cache),
                      "measured bytes": held,
-                     "formula bytes": kv_cache_bytes(n, model, kept)})
+                     "formula bytes": kv_cache_bytes(n, model, kept),
+                     "pinned bytes": cache_pinned_bytes(cache)})
     table = pd.DataFrame(rows)
     table["equal"] = table["measured bytes"] == table["formula bytes"]
     return table
@@ -2581,8 +2597,9 @@ def decode_attention_flops(n: int,
     """FLOPs attention spends on one new token over n cached ones, all
     layers (2 a multiply-add)."""
     tx.check_nonnegative(n=n)
-    scores = n * model.width    # the new query against n keys, all heads
-    mix = n * model.width       # the weighted sum of n value vectors
+    heads_wide = model.heads * model.head_size   # the queries' width
+    scores = n * heads_wide     # the new query against n keys, all heads
+    mix = n * heads_wide        # the weighted sum of n value vectors
     return 2 * (scores + mix) * model.layers
 
 
