@@ -174,6 +174,7 @@ class Glued:
     ratio: float | None = None        # a claim (tx.claim): its ratio
     threshold: float | None = None    # ... and the threshold to exceed
     values: list | None = None        # a phrase: the words it may take
+    stated: bool = False              # the notebook said the kind
 
     @property
     def margin(self) -> float | None:
@@ -201,7 +202,8 @@ def glued_in_notebook(notebook) -> dict[str, Glued]:
         (hints if key.startswith(HINT) else found)[
             key.removeprefix(HINT)] = value
     return {key: Glued(value, **{"kind": "close" if isinstance(value, float)
-                                 else "exact", **hints.get(key, {})})
+                                 else "exact", **hints.get(key, {})},
+                       stated="kind" in hints.get(key, {}))
             for key, value in found.items()}
 
 

@@ -110,6 +110,10 @@ def compare_one(page: str, key: str, entry: dict, value,
     def problem(reason: str) -> Problem:
         return Problem(page, key, kind, expected, value, reason,
                        claim_margin(glued))
+    if glued is not None and glued.stated and glued.kind != kind:
+        return problem(f"glued as {glued.kind}, numbers.toml says {kind}: "
+                       "change one of them (`make numbers` takes the "
+                       "notebook's)")
     if (RELEASE_KEY.search(key)
             and os.getenv(RELEASES, "pinned") != "pinned"):
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", str(value)):
@@ -227,8 +231,8 @@ def accept_numbers(only: list[str] | None = None) -> None:
         new[page] = {}
         for key, glued in keys.items():
             entry = dict(old.get(page, {}).get(key, {}))
-            entry.setdefault("kind", glued.kind or (
-                "close" if isinstance(glued.value, float) else "exact"))
+            if glued.stated or "kind" not in entry:   # the notebook's
+                entry["kind"] = glued.kind
             if glued.tol is not None:
                 entry.setdefault("tol", glued.tol)
             entry.update({f: getattr(glued, f) for f in ("values",

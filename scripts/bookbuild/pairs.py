@@ -7,6 +7,7 @@ import ast
 import difflib
 import hashlib
 import re
+import subprocess
 from pathlib import Path
 
 from bookbuild.common import (
@@ -129,6 +130,14 @@ def check_width() -> None:
           "characters")
 
 
+def edited_since_commit(path: Path) -> bool:
+    """Whether git sees edits to `path` not yet committed (False outside a
+    git checkout)."""
+    done = subprocess.run(["git", "diff", "--quiet", "HEAD", "--",
+                           path.name], cwd=path.parent, capture_output=True)
+    return done.returncode == 1
+
+
 def sync() -> None:
     """Take a newer .ipynb's edits into its .md, put the Colab cell first,
     rewrite the .ipynb; write only what changes (Sphinx reads a page again
@@ -142,6 +151,12 @@ def sync() -> None:
             edited, old = jupytext.read(ipynb), read_md(md)
             if [c.source for c in edited.cells] != [
                     c.source for c in old.cells]:
+                if edited_since_commit(md):   # both edited: keep neither
+                    fail(f"{rel(md)} has edits not yet committed, and the "
+                         f"newer {ipynb.name} has other cells: a sync "
+                         "would lose one of them. To keep the .md, touch "
+                         "it; to keep the .ipynb, commit or stash the "
+                         ".md's edits; then run `make sync` again")
                 edited.metadata = old.metadata       # the .md's header
                 jupytext.write(edited, md, fmt="md:myst")
                 print(f"{rel(md)}: updated from the newer {ipynb.name}")

@@ -5,8 +5,11 @@ each through Sphinx's public API, each until its library fixes it.
    0.21 writes sphinxcontrib-bibtex's entries as role="doc-biblioentry"
    inside role="list", a role DPUB-ARIA 1.1 deprecates
    (https://github.com/w3c/dpub-aria/pull/22; axe-core: critical
-   aria-required-children). Written here with role="listitem". No
-   docutils or sphinxcontrib-bibtex issue was found for it.
+   aria-required-children). Written here with role="listitem", through
+   Sphinx's public `add_node(override=True)`. No docutils or
+   sphinxcontrib-bibtex issue was found for it. (sphinxcontrib-bibtex's
+   own `:list: bullet` writes a plain list, but then its `{cite}` roles
+   find no entry: "could not find bibtex key".)
 2. Each script of a page once: sphinx-thebe 0.3.1 and sphinx-togglebutton
    0.4.5 add their inline scripts after the HTML builder started, Sphinx
    7.4 lists them twice, and a second `const THEBE_JS_URL` is a
@@ -43,10 +46,12 @@ def unique_scripts(app, pagename, templatename, context, doctree) -> None:
     """
     seen, kept = set(), []
     for script in context.get("script_files", []):
-        # the repeat has filename '' where the first has None: compare text
-        attributes = getattr(script, "attributes", {})
-        key = (getattr(script, "filename", script) or "",
-               tuple(sorted((k, str(v)) for k, v in attributes.items())))
+        # Sphinx 7.4's _JavaScript: its file (the repeat has '' where the
+        # first has None) and its attributes, the inline body among them;
+        # read directly, so that a change in Sphinx fails here by name
+        key = (script.filename or "",
+               tuple(sorted((k, str(v))
+                            for k, v in script.attributes.items())))
         if key not in seen:
             seen.add(key)
             kept.append(script)

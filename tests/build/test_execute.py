@@ -213,3 +213,28 @@ def test_sync_leaves_unchanged_pairs_alone(tmp_path, monkeypatch):
     pairs.sync()
     assert {p.name: p.stat().st_mtime_ns
             for p in tmp_path.iterdir()} == times
+
+
+def test_sync_refuses_to_lose_an_uncommitted_md_edit(tmp_path, monkeypatch):
+    """A .md edited since its commit and a newer .ipynb with other cells:
+    `make sync` fails and says how to keep either, overwriting neither."""
+    import subprocess
+
+    md = common.notebook_sources()[0]
+    for path in (md, md.with_suffix(".ipynb")):
+        shutil.copy(path, tmp_path / path.name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "pair"]):
+        subprocess.run(git + args, cwd=tmp_path, check=True)
+    copy = tmp_path / md.name
+    edited = copy.read_text() + "\nA sentence added to the .md.\n"
+    copy.write_text(edited)
+    ipynb = copy.with_suffix(".ipynb")
+    ipynb.write_text(ipynb.read_text().replace('"# ', '"# edited: ', 1))
+    later = copy.stat().st_mtime + 10
+    os.utime(ipynb, (later, later))
+    monkeypatch.setattr(common, "NOTEBOOKS", tmp_path)
+    monkeypatch.setattr(pairs, "sync_saved", lambda *args, **kwargs: None)
+    with pytest.raises(common.BuildError, match="To keep the .md, touch"):
+        pairs.sync()
+    assert copy.read_text() == edited

@@ -216,3 +216,16 @@ def test_make_numbers_keeps_a_phrase_and_a_claim(tmp_path, monkeypatch):
     assert again["p"]["words"]["values"] == ["faster than", "slower than"]
     assert again["p"]["wins"]["threshold"] == 1.5
     assert compare(again, glued) == []
+
+
+def test_a_kind_the_notebook_states_must_match_the_file():
+    """A notebook that now glues `wall_ms` as exact is checked as exact,
+    not left checked as "a number"; a kind it does not state (the type's
+    default) leaves the file's kind in charge."""
+    stated = glued()
+    stated["01_costs"]["wall_ms"] = Glued(9.9, kind="exact", stated=True)
+    problems = compare(EXPECTED, stated)
+    assert [p.key for p in problems] == ["wall_ms"]
+    assert "glued as exact, numbers.toml says measured" in problems[0].reason
+    # no kind stated: the default "close" of a float defers to the file
+    assert compare(EXPECTED, glued(wall_ms=9.9)) == []
