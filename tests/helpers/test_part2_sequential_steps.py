@@ -248,7 +248,7 @@ def test_generation_takes_one_forward_pass_per_token():
 @pytest.mark.parametrize("cores", [1, 64])
 def test_part2_alone_on_another_machine(run_alone, cores):
     """Part 2 run alone with 1 core and with 64 cores: every glued value passes the number check
-    against numbers.toml, and the sentences about threads follow the simulated facts."""
+    against numbers.toml, and the sentences about the clock follow its measurements."""
     import json
 
     from bookbuild import common, execute, numbers
@@ -261,14 +261,6 @@ def test_part2_alone_on_another_machine(run_alone, cores):
     expected = numbers.load_expected()[page]
     problems = numbers.compare({page: expected}, {page: glued})
     assert not problems, numbers.problem_table(problems)
-    threads = min(tx.machine()["threads"], cores)     # the pool as torch found it, one a core
-    assert glued["machine_cores"].value == cores
-    assert glued["threads_all"].value == threads
-    assert glued["isolated_threads.all_threads.threads"].value == threads
-    product = glued["isolated_threads.all_threads.product_ms"].value
-    alone = glued["isolated_threads.one_thread.product_ms"].value
-    words = glued["threads_product_phrase"]         # [one thread, a gain, no gain]
-    assert words.value == words.values[0 if threads == 1 else 1 if product < alone else 2]
     decided = [glued[f"{k}_lengths"].value for k in ("slower", "faster", "undecided")]
     assert sum(decided) == glued["time_lengths"].value   # every length counted once
     ratio = glued["time_ratio_4096"].value                # the clock's words follow the clock
