@@ -2,6 +2,7 @@
 # Both create .venv from the lock, requirements.txt, on first use (and again when it changes).
 
 PYTHON ?= python3
+PYTEST_WORKERS ?= 2
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pins
@@ -27,7 +28,7 @@ book: env
 ## (the site's tests: `make site-test`)
 test: env
 	$(BIN)/ruff check scripts tests
-	$(BIN)/python -m pytest -n 2 --dist worksteal tests/helpers tests/build
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal tests/helpers tests/build
 
 ## env: create .venv with the locked packages and the book's helpers (only when missing or the lock changed)
 env: $(STAMP)

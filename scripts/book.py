@@ -37,9 +37,14 @@ def main(argv: list[str]) -> int:
 
         return import_module(f"bookbuild.{command}").main(args)
     from bookbuild import execute, ledger, numbers, pairs, pdf, site
-    from bookbuild.common import BuildError
+    from bookbuild.common import BuildError, notebook_sources
 
     pages = [a for a in args if not a.startswith("-")] or None
+    known = {p.stem for p in notebook_sources()}
+    if unknown := sorted(set(pages or []) - known):
+        print(f"book.py {command}: no notebook {', '.join(unknown)} "
+              f"(PAGES takes {', '.join(sorted(known))})", file=sys.stderr)
+        return 2
     fresh = "--fresh" in args
     commands = {
         "build": lambda: build(fresh),
@@ -51,7 +56,10 @@ def main(argv: list[str]) -> int:
         "html": lambda: site.render("html", fresh), "pdf": pdf.make_pdf}
     if command not in commands:
         print(__doc__)
-        return 0 if command in ("-h", "--help") else 2
+        if command in ("-h", "--help"):
+            return 0
+        print(f"book.py: no command {command!r}", file=sys.stderr)
+        return 2
     try:
         commands[command]()
     except BuildError as error:

@@ -156,9 +156,9 @@ def execute(only: list[str] | None = None, fresh: bool = False) -> None:
           f"the cache")
 
 
-def require_executed(cache=None) -> None:
+def require_executed() -> None:
     """Fail, before Sphinx starts, if myst-nb would execute a notebook."""
-    cache = cache or open_cache(read_only=True)
+    cache = open_cache(read_only=True)
     missing = [p.name for p in stale(cache, notebook_sources())]
     if missing:
         fail(f"no executed copy of {', '.join(missing)} in the cache "
@@ -184,16 +184,23 @@ class Glued:
         return self.ratio / self.threshold
 
 
-def glued_in_notebook(notebook) -> dict[str, Glued]:
+def glued_in_notebook(notebook, name: str = "a notebook"
+                      ) -> dict[str, Glued]:
     """Every key glued in a notebook (read by myst-nb), its value from its
-    text, its hints (none: the kind tx.show gives a value of its type)."""
+    text, its hints (none: the kind tx.show gives a value of its type).
+    `name` names the notebook in a failure."""
+    # myst-nb's own reader of glue, the one its renderer uses; not in its
+    # documented API, so the pin (<2) and the tests that glue in a real
+    # kernel (tests/build/test_mechanics.py) hold it
     from myst_nb.ext.glue import extract_glue_data
 
     found, hints = {}, {}
     notebook = copy.deepcopy(notebook)    # the reader takes outputs out
-    twice = SimpleNamespace(warning=lambda message, **_: fail(message))
+    # myst-nb reports a key glued twice through its logger's warning
+    logger = SimpleNamespace(
+        warning=lambda message, **_: fail(f"{name}: {message}"))
     for key, output in extract_glue_data(
-            notebook, [0] * len(notebook.cells), twice).items():
+            notebook, [0] * len(notebook.cells), logger).items():
         text = output["data"].get("text/plain")
         try:
             value = ast.literal_eval(text)
@@ -221,5 +228,5 @@ def glued_values(only: list[str] | None = None
             fail(f"notebooks/{path.name} has no up-to-date executed copy "
                  f"in the cache: run `make book`")
         pages[path.stem] = glued_in_notebook(
-            cache.get_cache_bundle(record.pk).nb)
+            cache.get_cache_bundle(record.pk).nb, f"notebooks/{path.name}")
     return pages

@@ -245,5 +245,10 @@ def accept_numbers(only: list[str] | None = None) -> None:
     diff = difflib.unified_diff(before.splitlines(), after.splitlines(),
                                 "numbers.toml (before)",
                                 "numbers.toml (after)", lineterm="")
+    try:                             # never write a file TOML rejects
+        tomllib.loads(after)
+    except tomllib.TOMLDecodeError as error:
+        fail(f"numbers.toml would not be valid TOML ({error}): a glued "
+             "value is NaN, infinite or None; nothing was written")
     NUMBERS.write_text(after, encoding="utf-8")
     print("\n".join(diff) or "numbers.toml: no change")

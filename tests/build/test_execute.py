@@ -238,3 +238,14 @@ def test_sync_refuses_to_lose_an_uncommitted_md_edit(tmp_path, monkeypatch):
     with pytest.raises(common.BuildError, match="To keep the .md, touch"):
         pairs.sync()
     assert copy.read_text() == edited
+
+
+def test_the_command_line_names_an_unknown_page_or_command(capsys):
+    """A typo in PAGES or in the command exits 2 with one line naming it,
+    instead of checking nothing."""
+    import book
+
+    assert book.main(["check-numbers", "01_cost"]) == 2
+    assert "no notebook 01_cost" in capsys.readouterr().err
+    assert book.main(["chek-numbers"]) == 2
+    assert "no command 'chek-numbers'" in capsys.readouterr().err
