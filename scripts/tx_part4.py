@@ -420,7 +420,10 @@ def machine_text(facts: dict | None = None) -> str:
     cache = facts["largest_cache_bytes"]
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
     return wrap_items([facts["cpu"], f"{facts['cores']} cores",
-                       f"{facts['threads']} threads by torch's default",
+                       # torch's own choice for this process, before
+                       # setup() pins the page's count
+                       f"torch's default: {facts['threads']} thread"
+                       + ("s" if facts["threads"] != 1 else ""),
                        f"largest cache {cache}", f"BLAS {facts['blas']}",
                        f"kernels {facts['kernels']}"], "machine: ")
 
