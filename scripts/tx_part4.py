@@ -3388,8 +3388,8 @@ def real_cache_table(model, ns=(16, 64, 256),
 
 def tiny_jamba(seed: int = 0, layers: int = 4, hidden: int = 32,
                state: int = 16):
-    """A small Jamba hybrid from a config: attention in layer 2 of every
-    4, Mamba elsewhere."""
+    """A small Jamba hybrid from a config: attention in layer 2 (counted
+    from 0) of every 4, Mamba elsewhere."""
     from transformers import JambaConfig, JambaForCausalLM
 
     tx.check_positive(layers=layers, hidden=hidden, state=state)
