@@ -1088,7 +1088,8 @@ def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
     tanh(x + x U), n independent steps, and the n-step chain
     h ← tanh(x_i + h U).
     Milliseconds, each the median of at least three timed runs after a
-    warm-up run, their ratios, and the runs of the two slow cases."""
+    warm-up run, their ratios, and the runs and the spread (third minus
+    first quartile) of the two slow cases."""
     with torch.no_grad():
         # every position at once
         product = time_call(batched_step, x, U)
@@ -1102,7 +1103,9 @@ def price_of_waiting(x: torch.Tensor, U: torch.Tensor) -> dict[str, float]:
             "steps / product": s / p,   # unbatched execution
             "chain / steps": c / s,     # both serial: the same price?
             "chain / product": c / p,   # both together
-            "steps runs": steps["runs"], "chain runs": chain["runs"]}
+            "steps runs": steps["runs"], "chain runs": chain["runs"],
+            "steps spread ms": 1e3 * (steps["q3"] - steps["q1"]),
+            "chain spread ms": 1e3 * (chain["q3"] - chain["q1"])}
 
 
 def recorded_tables(record: dict | None = None
