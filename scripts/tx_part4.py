@@ -3303,8 +3303,9 @@ def scan_log_space(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def scan_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same formula without logs: P_t = exp(cumsum(log a)) underflows,
-    so b / P_t overflows."""
+    """The same formula without logs: P_t = exp(cumsum(log a)) shrinks
+    towards 0, so b / P_t grows and its running sum overflows (before
+    P_t itself underflows)."""
     tx.check_steps(a, b)
     tx.check_log_rates(a)
     p = torch.exp(torch.cumsum(torch.log(a), dim=-1))  # shrinks towards 0
@@ -3352,8 +3353,11 @@ def attention_layer_formula(config, n: int, batch: int = 1,
     transformers config: Part 6's kv_cache_bytes for one layer."""
     tx.check_positive(n=n, batch=batch, element_size=element_size)
     heads, width = config.num_attention_heads, config.hidden_size
+    # the config's own head size where it sets one (Gemma 2's is not
+    # width ÷ heads), else width ÷ heads
+    head_size = getattr(config, "head_dim", None) or width // heads
     one_layer = tx.ExampleModel(
-        layers=1, width=width, heads=heads, head_size=width // heads,
+        layers=1, width=width, heads=heads, head_size=head_size,
         bytes_per_number=element_size, vocabulary=config.vocab_size,
         kv_heads=config.num_key_value_heads)
     return batch * tx.kv_cache_bytes(n, one_layer)
