@@ -26,42 +26,28 @@ WALL_NS = (16, 64, 256, 1024, 4096)
 WAITING_NS = (64, 256, 1024, 4096)
 
 
-def waiting_isolated(ns, d: int, device: str, seed: int = 0) -> dict:
-    """n: [the batched product tanh(x + x U) ms, the n-step chain
-    h ← tanh(x_t + h U) ms], timed by Part 2's tx.price_of_waiting."""
-    g = torch.Generator().manual_seed(seed)
-    U = (torch.randn(d, d, generator=g) / math.sqrt(d)).to(device)
-    rows = {}
-    for n in ns:
-        x = torch.randn(n, d, generator=g).to(device)
-        price = tx.price_of_waiting(x, U)
-        rows[n] = [price["product ms"], price["chain ms"]]
-    return rows
-
-
-def measure(device: str, threads: int, wall_ns=WALL_NS,
-            waiting_ns=WAITING_NS, d: int = 512) -> tuple[dict, dict]:
-    """One machine's columns: n: [attention ms, loop ms] and
-    n: [product ms, chain ms], on `device` with `threads` CPU threads."""
-    torch.set_num_threads(threads)
-    wall = tx.wall_time_table(ns=wall_ns, d=d, device=device)
-    rows = {n: [row["attention ms"], row["loop ms"]]
-            for n, row in wall.iterrows()}
-    return rows, waiting_isolated(waiting_ns, d, device)
-
-
-def build_record(columns: dict[str, tuple[dict, dict]], meta: dict) -> dict:
-    """The record from each machine's columns ("gpu", "cpu16": all the
-    CPU's threads, "cpu1"): the wall times of all three, the waiting of
-    the first two, as JSON keeps them (n as text)."""
+def measure_record(machines, meta: dict, wall_ns=WALL_NS,
+                   waiting_ns=WAITING_NS, d: int = 512) -> dict:
+    """The record: for each (column, device, threads) of `machines`, Part
+    2's wall-time table, n: [attention ms, loop ms], and (but for the
+    column "cpu1") its waiting isolated, n: [tanh(x + x U) ms, the chain
+    h ← tanh(x_t + h U) ms] (tx.price_of_waiting); n as JSON's text."""
     record = {**meta, "wall_time": {}, "waiting_isolated": {}}
-    for where, (wall, waiting) in columns.items():
-        for n, row in wall.items():
-            record["wall_time"].setdefault(str(n), {})[where] = row
-        if where != "cpu1":
-            for n, row in waiting.items():
-                waited = record["waiting_isolated"].setdefault(str(n), {})
-                waited[where] = row
+    for where, device, threads in machines:
+        torch.set_num_threads(threads)
+        wall = tx.wall_time_table(ns=wall_ns, d=d, device=device)
+        for n, row in wall.iterrows():
+            record["wall_time"].setdefault(str(n), {})[where] = [
+                row["attention ms"], row["loop ms"]]
+        if where == "cpu1":                  # the page shows no waiting
+            continue
+        g = torch.Generator().manual_seed(0)
+        U = (torch.randn(d, d, generator=g) / math.sqrt(d)).to(device)
+        for n in waiting_ns:
+            x = torch.randn(n, d, generator=g).to(device)
+            price = tx.price_of_waiting(x, U)
+            record["waiting_isolated"].setdefault(str(n), {})[where] = [
+                price["product ms"], price["chain ms"]]
     return record
 
 
@@ -75,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     threads = torch.get_num_threads()
-    columns = {"gpu": measure("cuda", threads),
-               "cpu16": measure("cpu", threads), "cpu1": measure("cpu", 1)}
-    record = build_record(columns, {
+    machines = (("gpu", "cuda", threads), ("cpu16", "cpu", threads),
+                ("cpu1", "cpu", 1))
+    record = measure_record(machines, {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "transformers": transformers.__version__, "cpu_threads": threads,
         "date": datetime.date.today().isoformat(),

@@ -16,7 +16,6 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
-from unittest import mock
 
 from bookbuild import execute, numbers
 from bookbuild.common import BUILD, ROOT, BuildError, fail
@@ -98,8 +97,8 @@ def check(which: str) -> None:
         "JUPYTER_PATH": str(OUT / which / "share" / "jupyter")})
     glued = {c.stem: execute.glued_in_notebook(cache.get_cache_bundle(
         cache.get_cached_project_nb(str(c)).pk).nb) for c in copies}
-    with mock.patch.dict(os.environ, {numbers.RELEASES: which}):
-        numbers.check_numbers(glued=glued)
+    os.environ[numbers.RELEASES] = which   # this process checks `which`
+    numbers.check_numbers(glued=glued)
 
 
 def main(argv: list[str]) -> int:

@@ -19,16 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-from bookbuild.common import (
-    BUILD,
-    CACHE,
-    ROOT,
-    TIMEOUT,
-    fail,
-    module_constant,
-    notebook_sources,
-    rel,
-)
+from bookbuild import common
+from bookbuild.common import BUILD, CACHE, ROOT, TIMEOUT, fail, rel
 
 STAMP = BUILD / "jupyter_cache.inputs"
 #: myst-nb's reader of a .md: the cache keys what myst-nb looks up
@@ -52,7 +44,7 @@ KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
 KERNEL_CONFIG = {"IPKernelApp": {"log_level": "ERROR"}}
 #: tx_part4 glues a value's kind, tolerance, a claim's ratio and threshold
 #: and a phrase's words under HINT + the key
-HINT = module_constant("HINT")
+HINT = common.module_constant("HINT")
 
 
 def stamp_inputs(root: Path = ROOT) -> dict[str, str | None]:
@@ -101,7 +93,8 @@ def open_cache(fresh: bool = False, read_only: bool = False):
         STAMP.write_text(json.dumps(inputs, indent=1), encoding="utf-8")
     cache = get_cache(str(CACHE))
     # largest first: a new cache runs them in the order they were added
-    for path in sorted(notebook_sources(), key=lambda p: -p.stat().st_size):
+    for path in sorted(common.notebook_sources(),
+                       key=lambda p: -p.stat().st_size):
         cache.add_nb_to_project(str(path), read_data=READER)
     return cache
 
@@ -140,7 +133,8 @@ def execute(only: list[str] | None = None, fresh: bool = False) -> None:
     """Execute the stale notebooks (`fresh`: all, or those in `only`)
     into the cache, printing each one's seconds."""
     cache = open_cache(fresh and not only)
-    paths = [p for p in notebook_sources() if not only or p.stem in only]
+    paths = [p for p in common.notebook_sources()
+             if not only or p.stem in only]
     for path in paths if fresh and only else []:   # those pages' records
         record = cache.get_cached_project_nb(str(path))
         if record is not None:
@@ -159,7 +153,7 @@ def execute(only: list[str] | None = None, fresh: bool = False) -> None:
 def require_executed() -> None:
     """Fail, before Sphinx starts, if myst-nb would execute a notebook."""
     cache = open_cache(read_only=True)
-    missing = [p.name for p in stale(cache, notebook_sources())]
+    missing = [p.name for p in stale(cache, common.notebook_sources())]
     if missing:
         fail(f"no executed copy of {', '.join(missing)} in the cache "
              f"(Sphinx would execute it): run `make book`")
@@ -220,7 +214,7 @@ def glued_values(only: list[str] | None = None
     if not CACHE.exists():
         fail("no executed notebooks: run `make book` first")
     cache, pages = open_cache(read_only=True), {}
-    for path in notebook_sources():
+    for path in common.notebook_sources():
         if only and path.stem not in only:
             continue
         record = cache.get_cached_project_nb(str(path))

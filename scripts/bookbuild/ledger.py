@@ -5,25 +5,13 @@ exercise of every part, its question and a link to it)."""
 import re
 from pathlib import Path
 
-from bookbuild.common import (
-    EXERCISES,
-    LEDGER,
-    notebook_sources,
-    read_md,
-    rel,
-    write_if_changed,
-)
+from bookbuild import common, numbers
+from bookbuild.common import EXERCISES, LEDGER, rel
 from bookbuild.execute import Glued, glued_values
-from bookbuild.numbers import (
-    DEFAULT_TOL,
-    claim_margin,
-    compare,
-    fmt,
-    load_expected,
-)
 
-#: the ledger's title and introduction, {claims} filled in
+#: the two pages' titles and introductions ({claims} filled in)
 LEDGER_INTRO = Path(__file__).with_name("ledger_intro.md")
+EXERCISES_INTRO = Path(__file__).with_name("exercises_intro.md")
 COLUMNS = ("key", "meaning", "kind", "tolerance", "published",
            "this build", "ratio / threshold", "status")
 ALIGN = ":--", ":--", ":--", "--:", "--:", "--:", "--:", ":--"
@@ -39,7 +27,8 @@ def ledger_text(expected: dict[str, dict[str, dict]],
     def row(cells) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") or " "
                                  for c in cells) + " |"
-    problems = {(p.page, p.key): p.reason for p in compare(expected, glued)}
+    problems = {(p.page, p.key): p.reason
+                for p in numbers.compare(expected, glued)}
     margins = [g.margin for keys in glued.values() for g in keys.values()
                if g.margin is not None]
     claims = (f"{len(margins)} claims, {sum(m < 2 for m in margins)} of "
@@ -50,9 +39,9 @@ def ledger_text(expected: dict[str, dict[str, dict]],
         rows = []
         for key, entry in expected[page].items():
             kind, have = entry["kind"], glued.get(page, {}).get(key)
-            tol = entry.get("tol") or DEFAULT_TOL.get(kind)
+            tol = entry.get("tol") or numbers.DEFAULT_TOL.get(kind)
             status = problems.get((page, key), "ok")
-            margin = claim_margin(have)
+            margin = numbers.claim_margin(have)
             if margin and have.margin < 2:
                 margin = "⚠ " + margin
             parts = key.split(".")      # a table's cell: name.row.column
@@ -61,8 +50,8 @@ def ledger_text(expected: dict[str, dict[str, dict]],
                 f"{parts[2].replace('_', ' ')}" if len(parts) == 3 else "")
             rows.append(row([
                 f"`{key}`", meaning, kind, f"{tol:g}" if tol else "—",
-                fmt(entry.get("published")),
-                fmt(have.value if have else None), margin or "—",
+                numbers.fmt(entry.get("published")),
+                numbers.fmt(have.value if have else None), margin or "—",
                 "✅ ok" if status == "ok" else f"❌ {status}"]))
         lines += ["", f"## [{page}](../notebooks/{page}.md)", "",
                   "```{table}", ":class: ledger", "", row(COLUMNS),
@@ -72,20 +61,14 @@ def ledger_text(expected: dict[str, dict[str, dict]],
 
 def write_ledger(glued: dict | None = None) -> None:
     glued = glued if glued is not None else glued_values()
-    text = ledger_text(load_expected(), glued)
-    print(f"ledger: {rel(LEDGER)} {write_if_changed(LEDGER, text)}")
-
-
-def exercises(md: Path) -> list[tuple[str, str]]:
-    """(label, title) of every exercise of a notebook, in page order."""
-    return [(m["label"], m["title"]) for m in
-            EXERCISE.finditer(md.read_text(encoding="utf-8"))]
+    text = ledger_text(numbers.load_expected(), glued)
+    print(f"ledger: {rel(LEDGER)} {common.write_if_changed(LEDGER, text)}")
 
 
 def page_title(md: Path) -> str:
     """A notebook's first heading outside code cells (a `# ` line in a
     code cell is a comment, such as the Colab cell's first line)."""
-    for cell in read_md(md).cells:
+    for cell in common.read_md(md).cells:
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
                 if re.match(r"#\s+\S", line):
@@ -96,14 +79,8 @@ def page_title(md: Path) -> str:
 def exercises_text() -> str:
     """Each part's exercises under its title: a link to each, its title
     and its question."""
-    lines = ["# Exercises", "",
-             "Every part ends with exercises. Each solution runs when the "
-             "book is built, and every",
-             "number it prints is checked like the rest of the book (the "
-             "keys that start with `ex_`",
-             "in the [ledger](ledger.md)). On the pages the solutions are "
-             "collapsed: try first.", ""]
-    for md in notebook_sources():
+    lines = [EXERCISES_INTRO.read_text(encoding="utf-8")]
+    for md in common.notebook_sources():
         found = list(EXERCISE.finditer(md.read_text(encoding="utf-8")))
         if found:
             lines += [f"## [{page_title(md)}](../notebooks/{md.stem}.md)",
@@ -118,4 +95,4 @@ def exercises_text() -> str:
 
 def write_exercises() -> None:
     print(f"exercises: {rel(EXERCISES)} "
-          f"{write_if_changed(EXERCISES, exercises_text())}")
+          f"{common.write_if_changed(EXERCISES, exercises_text())}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from bookbuild.common import BUILD, CACHE, ROOT, book_config, fail, rel
+from bookbuild.common import BUILD, ROOT, book_config, fail, rel
 from bookbuild.execute import require_executed
 from bookbuild.site import render as render_site
 
@@ -79,8 +79,6 @@ def render() -> None:
 def make_pdf() -> None:
     """Everything `make pdf` does; a stale cache stops it first."""
     start = time.perf_counter()
-    if not CACHE.exists():
-        fail(f"no executed notebooks in {rel(CACHE)}: run `make book`")
     require_executed()
     if not (BUILD / "html" / "index.html").exists():
         fail("no built site in _build/html: run `make book` first")

@@ -9,12 +9,13 @@ import re
 
 import pytest
 
+import sitekit
 from bookbuild import common, ledger, numbers
 
 SOLUTION = re.compile(r"^```\{solution-start\}\s*(?P<label>\S+)\s*\n(?P<options>(?::[^\n]*\n)*)```\n"
                       r"(?P<body>.*?)^```\{solution-end\}", re.M | re.S)
 CODE = re.compile(r"^```\{code-cell\}[^\n]*\n(?P<code>.*?)^```", re.M | re.S)
-PAGES = [md for md in common.notebook_sources() if ledger.exercises(md)]
+PAGES = [md for md in common.notebook_sources() if sitekit.exercises(md)]
 
 
 def solutions(text: str) -> dict[str, tuple[str, str]]:
@@ -52,12 +53,12 @@ def test_some_part_has_exercises():
 def test_each_exercise_has_one_collapsed_solution_that_runs_code(md):
     text = md.read_text(encoding="utf-8")
     found = solutions(text)
-    for label, _ in ledger.exercises(md):
+    for label, _ in sitekit.exercises(md):
         assert label in found, f"{md.name}: exercise {label} has no solution-start/solution-end"
         options, body = found[label]
         assert ":class: dropdown" in options, f"{md.name}: the solution of {label} is not collapsed"
         assert CODE.search(body), f"{md.name}: the solution of {label} runs no code cell"
-    assert len(found) == len(ledger.exercises(md)), f"{md.name}: a solution without its exercise"
+    assert len(found) == len(sitekit.exercises(md)), f"{md.name}: a solution without its exercise"
 
 
 @pytest.mark.parametrize("md", PAGES, ids=[md.stem for md in PAGES])
@@ -75,7 +76,7 @@ def test_solutions_glue_only_ex_keys_and_numbers_toml_checks_them(md):
 def test_the_exercises_page_lists_every_exercise_with_its_title():
     text = ledger.exercises_text()
     for md in PAGES:
-        for label, title in ledger.exercises(md):
+        for label, title in sitekit.exercises(md):
             assert title, f"{md.name}: exercise {label} has no title"
             assert f"- {{numref}}`{label}`: {title}\n" in text
 

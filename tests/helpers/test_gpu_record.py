@@ -15,27 +15,26 @@ import tx_part4 as tx
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """A record of three machines' columns, measured small on the CPU."""
-    small = dict(wall_ns=(8, 16), waiting_ns=(8, 16), d=16)
-    columns = {where: gpu_record.measure("cpu", threads, **small)
-               for where, threads in (("gpu", 1), ("cpu16", 2),
-                                      ("cpu1", 1))}
+    machines = (("gpu", "cpu", 1), ("cpu16", "cpu", 2), ("cpu1", "cpu", 1))
     meta = {"device": "a CPU standing in", "torch": "2", "date": "2026-01-01",
             "transformers": "5", "cpu_threads": 2, "method": "a test"}
+    made = gpu_record.measure_record(machines, meta, wall_ns=(8, 16), waiting_ns=(8, 16), d=16)
     path = tmp_path_factory.mktemp("record") / "cpu-2026-01-01.json"
-    path.write_text(json.dumps(gpu_record.build_record(columns, meta)))
-    return path, columns
+    path.write_text(json.dumps(made))
+    return path, made
 
 
 def test_the_book_reads_what_the_script_writes(written):
-    path, columns = written
+    path, made = written
     record = tx.recorded(path)
     assert record["device"] == "a CPU standing in"
-    assert record["wall_time"][16]["cpu1"] == columns["cpu1"][0][16]
+    assert record["wall_time"][16]["cpu1"] == made["wall_time"]["16"]["cpu1"]
+    assert "cpu1" not in made["waiting_isolated"]["16"]
     wall, waiting = tx.recorded_tables(record)
     assert list(wall.index) == [8, 16] and list(waiting.index) == [8, 16]
-    assert wall.loc[16, "GPU loop ms"] == columns["gpu"][0][16][1]
-    assert wall.loc[8, "2 threads attention ms"] == columns["cpu16"][0][8][0]
-    product, chain = columns["cpu16"][1][16]
+    assert wall.loc[16, "GPU loop ms"] == made["wall_time"]["16"]["gpu"][1]
+    assert wall.loc[8, "2 threads attention ms"] == made["wall_time"]["8"]["cpu16"][0]
+    product, chain = made["waiting_isolated"]["16"]["cpu16"]
     assert waiting.loc[16, "2 threads chain / product"] == chain / product
 
 

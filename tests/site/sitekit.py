@@ -23,6 +23,13 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"
 NOT_PAGES = {"_static", "_sources", "_images"}       # folders of the site that hold no book page
 REQUIRE_SITE = "--require-site"                       # the pytest option .ci/run passes
 
+def exercises(md: Path) -> list[tuple[str, str]]:
+    """(label, title) of every exercise of a notebook, in page order."""
+    from bookbuild.ledger import EXERCISE
+
+    return [(m["label"], m["title"]) for m in EXERCISE.finditer(md.read_text(encoding="utf-8"))]
+
+
 # ── what must be there ────────────────────────────────────────────────────────────────────
 
 

@@ -244,7 +244,8 @@ def test_the_site_links_the_pdf(printed):
 
 
 def test_make_pdf_without_an_executed_build_says_what_to_run(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(pdf, "CACHE", tmp_path / "no-cache")
+    monkeypatch.setattr(execute, "CACHE", tmp_path / "no-cache")
+    monkeypatch.setattr(execute, "STAMP", tmp_path / "no-stamp")
     assert book.main(["pdf"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "run `make book`" in err, err
@@ -260,7 +261,7 @@ def test_make_pdf_with_a_stale_notebook_says_what_to_run(monkeypatch, tmp_path, 
     changed.write_text(source.read_text(encoding="utf-8").replace(
         "```{code-cell} ipython3\n", "```{code-cell} ipython3\nchanged_since_the_build = 1\n", 2),
         encoding="utf-8")
-    monkeypatch.setattr(execute, "notebook_sources", lambda: [changed])
+    monkeypatch.setattr(common, "notebook_sources", lambda: [changed])
     monkeypatch.setattr(pdf, "render", lambda: pytest.fail("rendered from a stale cache"))
     assert book.main(["pdf"]) == 1
     err = capsys.readouterr().err.strip()

@@ -8,14 +8,14 @@ import pytest
 import sitekit
 from bookbuild import common, ledger
 
-PAGES = [md.stem for md in common.notebook_sources() if ledger.exercises(md)]
+PAGES = [md.stem for md in common.notebook_sources() if sitekit.exercises(md)]
 
 
 @pytest.mark.parametrize("stem", PAGES)
 def test_solutions_are_collapsed_on_the_page(site, stem):
     soup = sitekit.parsed((site / "notebooks" / f"{stem}.html").resolve())
     exercises, found = soup.select("div.exercise"), soup.select("div.solution")
-    assert len(exercises) == len(ledger.exercises(common.NOTEBOOKS / f"{stem}.md")), stem
+    assert len(exercises) == len(sitekit.exercises(common.NOTEBOOKS / f"{stem}.md")), stem
     assert len(found) == len(exercises), f"{stem}: {len(found)} solutions for {len(exercises)} exercises"
     for solution in found:
         assert "dropdown" in solution.get("class", []), f"{stem}: a solution is not collapsed"
@@ -35,7 +35,7 @@ def test_the_exercises_page_names_each_part_and_each_exercise(site):
         assert any(ledger.page_title(md) in h for h in headings), (stem, headings)
         questions = {m["label"]: m["body"] for m in
                      ledger.EXERCISE.finditer(md.read_text(encoding="utf-8"))}
-        for label, title in ledger.exercises(md):
+        for label, title in sitekit.exercises(md):
             # the question's first words, as text (no math, no markup)
             words = " ".join(questions[label].split()[:3])
             assert any(item.startswith("Exercise ") and title in item
