@@ -10,15 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from bookbuild.common import (
-    MODULE,
-    fail,
-    notebook_sources,
-    read_md,
-    rel,
-    repository_url,
-    write_if_changed,
-)
+from bookbuild import common
+from bookbuild.common import MODULE, fail, read_md, rel
 
 #: The first cell of every notebook, hidden in the book.
 COLAB_CELL = (
@@ -40,7 +33,7 @@ SAVABLE = (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
 def colab_cell() -> str:
-    return COLAB_CELL.format(repository=repository_url())
+    return COLAB_CELL.format(repository=common.repository_url())
 
 
 def ipynb_text(md_path: Path) -> str:
@@ -73,7 +66,7 @@ def cells(text: str) -> list[tuple]:
 
 def check_sync() -> None:
     """The pairs, then the saved cells and the code width."""
-    problems, sources = [], notebook_sources()
+    problems, sources = [], common.notebook_sources()
     if not sources:
         problems.append("notebooks/: no notebook NN_name.md found")
     for md in sources:
@@ -120,7 +113,7 @@ def wide_lines(md: Path, width: int = CODE_WIDTH) -> list[str]:
 
 def check_width() -> None:
     """No code line a reader can see is wider than CODE_WIDTH."""
-    problems = [line for md in notebook_sources()
+    problems = [line for md in common.notebook_sources()
                 for line in wide_lines(md)]
     if problems:
         fail(f"{len(problems)} visible code line(s) wider than {CODE_WIDTH}"
@@ -145,7 +138,7 @@ def sync() -> None:
     import jupytext
     from nbformat.v4 import new_code_cell
 
-    for md in notebook_sources():
+    for md in common.notebook_sources():
         ipynb = md.with_suffix(".ipynb")
         if ipynb.exists() and ipynb.stat().st_mtime > md.stat().st_mtime:
             edited, old = jupytext.read(ipynb), read_md(md)
@@ -169,8 +162,8 @@ def sync() -> None:
             notebook.cells[notebook.cells.index(cell)] = colab
         else:
             notebook.cells.insert(0, colab)
-        written = {write_if_changed(md, jupytext.writes(
-            notebook, fmt="md:myst")), write_if_changed(
+        written = {common.write_if_changed(md, jupytext.writes(
+            notebook, fmt="md:myst")), common.write_if_changed(
                 ipynb, ipynb_text(md))}
         print(f"{rel(md)} -> {ipynb.name}"
               + ("" if "written" in written else ": unchanged"))
@@ -230,7 +223,7 @@ def check_saved(module: Path = MODULE) -> None:
     problems = [f"{rel(module)} holds {n} blocks for notebooks/{page}.md:"
                 " keep one" for page in blocks if (n := text.count(
                     f"# ── saved from notebooks/{page}.md")) > 1]
-    for md in notebook_sources():
+    for md in common.notebook_sources():
         want, have = saved_block(md), blocks.pop(md.stem, None)
         if want == have:
             continue
@@ -261,7 +254,7 @@ def sync_saved(module: Path = MODULE) -> None:
     new block goes before the command line's section)."""
     text = module.read_text(encoding="utf-8")
     blocks = {m["page"]: m[0] for m in BLOCK.finditer(text)}
-    for md in notebook_sources():
+    for md in common.notebook_sources():
         want, have = saved_block(md), blocks.get(md.stem)
         if want == have:
             continue
@@ -271,4 +264,4 @@ def sync_saved(module: Path = MODULE) -> None:
             at = text.rindex("\n# ═", 0, text.index("# Command line")) + 1
             text = text[:at] + want + "\n\n\n" + text[at:]
         print(f"{rel(module)}: block of {rel(md)} rewritten")
-    write_if_changed(module, text)
+    common.write_if_changed(module, text)

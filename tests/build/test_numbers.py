@@ -132,16 +132,18 @@ def test_changing_one_count_by_one_fails_the_check(run_alone, tmp_path):
 
 
 def test_the_ledger_rows_are_a_table_with_a_status_each():
-    """The ledger's tables are Markdown: a bar cannot end a cell early, drift is shown."""
-    expected = {"01_a": {"ok_key": {"kind": "exact", "value": 3, "meaning": "a | b"},
+    """The ledger's tables are HTML that Sphinx passes through: a meaning's < and & are
+    escaped, drift is shown."""
+    expected = {"01_a": {"ok_key": {"kind": "exact", "value": 3, "meaning": "a < b & c"},
                          "t.8.n": {"kind": "exact", "value": 5}}}
     glued = {"01_a": {"ok_key": Glued(3), "t.8.n": Glued(6)}}
     text = ledger.ledger_text(expected, glued)
-    rows = [line for line in text.splitlines() if line.startswith("| `")]
-    assert len(rows) == 2 and "a \\| b" in rows[0]
-    assert "table `t`, row 8" in rows[1]                                    # default meaning
+    rows = [line for line in text.splitlines() if line.startswith("<tr><td")]
+    assert len(rows) == 2 and "a &lt; b &amp; c" in rows[0] and "<code>ok_key</code>" in rows[0]
+    assert "table t, row 8" in rows[1]                                      # default meaning
     assert "✅ ok" in rows[0] and "❌ drifted" in rows[1]
-    assert text.count(":class: ledger") == 1 and "## [01_a](../notebooks/01_a.md)" in text
+    assert text.count('<table class="ledger table">') == 1
+    assert "```{raw} html" in text and "## [01_a](../notebooks/01_a.md)" in text
 
 
 def test_a_recorded_value_must_be_there_as_a_number():
