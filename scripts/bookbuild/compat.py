@@ -96,7 +96,8 @@ def check(which: str) -> None:
     execute.run(cache, env={
         "JUPYTER_PATH": str(OUT / which / "share" / "jupyter")})
     glued = {c.stem: execute.glued_in_notebook(cache.get_cache_bundle(
-        cache.get_cached_project_nb(str(c)).pk).nb) for c in copies}
+        cache.get_cached_project_nb(str(c)).pk).nb, f"compat {which}: "
+        f"{c.name}") for c in copies}
     os.environ[numbers.RELEASES] = which   # this process checks `which`
     numbers.check_numbers(glued=glued)
 

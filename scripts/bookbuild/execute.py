@@ -27,8 +27,6 @@ STAMP = BUILD / "jupyter_cache.inputs"
 READER = {"name": "myst_nb_md", "type": "plugin"}
 STAMP_FILES = ("scripts/tx_part4.py", "scripts/tx_model_configs",
                "measurements", "requirements.txt", "pyproject.toml")
-STAMP_PACKAGES = ("torch", "transformers", "numpy", "pandas",
-                  "matplotlib", "ipykernel", "myst-nb")
 #: set on purpose, they change outputs: a simulated machine, torch's CPU
 #: kernels (Part 4 saw a value move by a fifth)
 STAMP_VARIABLES = ("WHY_SELF_ATTENTION_MACHINE", "ATEN_CPU_CAPABILITY")
@@ -48,17 +46,20 @@ HINT = common.module_constant("HINT")
 
 
 def stamp_inputs(root: Path = ROOT) -> dict[str, str | None]:
-    """Each stamped file's hash, package's version, variable's value."""
-    from importlib.metadata import version
+    """Each stamped file's hash, every installed package's version but
+    pip's, the kernels' environment and config, each variable's value."""
+    from importlib.metadata import distributions
 
-    inputs = {"python": sys.version}
+    inputs = {"python": sys.version, "kernel": json.dumps(
+        [{**KERNEL_ENV, "IPYTHONDIR": None}, KERNEL_CONFIG])}
     for name in STAMP_FILES:
         path = root / name
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if file.is_file() and "__pycache__" not in file.parts:
                 inputs[file.relative_to(root).as_posix()] = hashlib.sha256(
                     file.read_bytes()).hexdigest()[:16]
-    inputs.update({p: version(p) for p in STAMP_PACKAGES})
+    inputs.update({d.metadata["Name"]: d.version for d in distributions()
+                   if d.metadata["Name"] != "pip"})
     inputs.update({v: os.environ.get(v) for v in STAMP_VARIABLES})
     return inputs
 

@@ -60,8 +60,8 @@ def cells(text: str) -> list[tuple]:
     import nbformat
 
     notebook = nbformat.reads(text, as_version=4)
-    return [(c.cell_type, c.source, c.get("outputs"),
-             c.get("execution_count")) for c in notebook.cells]
+    return [(c.cell_type, c.source, c.get("outputs"), c.get(
+        "execution_count"), c.metadata.get("tags")) for c in notebook.cells]
 
 
 def check_sync() -> None:

