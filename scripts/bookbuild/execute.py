@@ -9,15 +9,15 @@ import ast
 import copy
 import hashlib
 import json
-import logging
 import os
+import platform
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
 from bookbuild import common
 from bookbuild.common import BUILD, CACHE, ROOT, TIMEOUT, fail, rel
@@ -40,6 +40,13 @@ KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
 #: the kernel's own log (never a cell's output) at ERROR: ipykernel 7
 #: warns at every start that its local TCP transport is not encrypted
 KERNEL_CONFIG = {"IPKernelApp": {"log_level": "ERROR"}}
+#: `run`'s child process: jupyter-cache's executor, a process a core
+POOL = """import json, logging, sys
+from jupyter_cache import executors, get_cache
+path, uris, limit = json.loads(sys.argv[1])
+(log := logging.getLogger("execute")).setLevel(logging.INFO)
+executors.load_executor("temp-parallel", get_cache(path), logger=log
+                        ).run_and_cache(filter_uris=uris, timeout=limit)"""
 #: tx_part4 glues a value's kind, tolerance, a claim's ratio and threshold
 #: and a phrase's words under HINT + the key
 HINT = common.module_constant("HINT")
@@ -50,7 +57,7 @@ def stamp_inputs(root: Path = ROOT) -> dict[str, str | None]:
     pip's, the kernels' environment and config, each variable's value."""
     from importlib.metadata import distributions
 
-    inputs = {"python": sys.version, "kernel": json.dumps(
+    inputs = {"python": platform.python_version(), "kernel": json.dumps(
         [{**KERNEL_ENV, "IPYTHONDIR": None}, KERNEL_CONFIG])}
     for name in STAMP_FILES:
         path = root / name
@@ -64,12 +71,11 @@ def stamp_inputs(root: Path = ROOT) -> dict[str, str | None]:
     return inputs
 
 
-def changed_inputs(old: dict, new: dict, shown: int = 3) -> str:
-    """The inputs that differ, a few by name."""
+def changed_inputs(old: dict, new: dict) -> str:
+    """The inputs that differ, three by name."""
     names = [k for k in {**new, **old} if old.get(k) != new.get(k)]
-    more = len(names) - shown
-    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0
-                                       else "")
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more"
+                                   if len(names) > 3 else "")
 
 
 def open_cache(fresh: bool = False, read_only: bool = False):
@@ -107,25 +113,23 @@ def stale(cache, paths: list[Path]) -> list[Path]:
 
 def run(cache, uris: list[str] | None = None,
         env: dict[str, str] | None = None) -> None:
-    """Execute the project's notebooks without an executed copy (of
-    `uris`, if given), with KERNEL_ENV and `env` set; a failing cell
-    fails, naming the notebook and quoting the cell."""
-    from jupyter_cache.executors import load_executor
-
-    logger = logging.getLogger("execute")
-    logger.setLevel(logging.INFO)      # the pool's start and end of each
+    """Execute the notebooks without an executed copy (of `uris`) in a
+    child process with KERNEL_ENV and `env` set, whatever multiprocessing's
+    start method; a failing cell fails, naming the notebook, quoting it."""
     profile = BUILD / "ipython" / "profile_default"
     profile.mkdir(parents=True, exist_ok=True)
     (profile / "ipython_kernel_config.json").write_text(
         json.dumps(KERNEL_CONFIG), encoding="utf-8")
-    executor = load_executor("temp-parallel", cache, logger=logger)
-    with mock.patch.dict(os.environ, {**KERNEL_ENV, **(env or {})}):
-        result = executor.run_and_cache(filter_uris=uris, timeout=TIMEOUT)
+    todo = [str(u) for u in uris or [
+        r.uri for r in cache.list_project_records()]]
+    subprocess.run([sys.executable, "-c", POOL, json.dumps(
+        [str(cache.path), todo, TIMEOUT])], check=True, env={
+            **os.environ, **KERNEL_ENV, **(env or {})})
     errors = []
-    for uri in result.excepted + result.errored:
-        error = cache.get_project_record(uri).traceback or "(see above)"
+    for uri in stale(cache, [Path(u) for u in todo]):
+        error = cache.get_project_record(str(uri)).traceback or "(above)"
         quote = error.find("An error occurred while executing")  # nbclient
-        errors.append(f"{rel(Path(uri))}: {error[max(quote, 0):]}")
+        errors.append(f"{rel(uri)}: {error[max(quote, 0):]}")
     if errors:
         fail("a notebook failed to execute:\n" + "\n".join(errors))
 
@@ -212,8 +216,6 @@ def glued_in_notebook(notebook, name: str = "a notebook"
 def glued_values(only: list[str] | None = None
                  ) -> dict[str, dict[str, Glued]]:
     """The glued values of every executed notebook (or those named)."""
-    if not CACHE.exists():
-        fail("no executed notebooks: run `make book` first")
     cache, pages = open_cache(read_only=True), {}
     for path in common.notebook_sources():
         if only and path.stem not in only:

@@ -75,12 +75,10 @@ def write_ledger(glued: dict | None = None) -> None:
 def page_title(md: Path) -> str:
     """A notebook's first heading outside code cells (a `# ` line in a
     code cell is a comment, such as the Colab cell's first line)."""
-    for cell in common.read_md(md).cells:
-        if cell.cell_type == "markdown":
-            for line in cell.source.splitlines():
-                if re.match(r"#\s+\S", line):
-                    return line.lstrip("#").strip()
-    return md.stem
+    text = "\n".join(c.source for c in common.read_md(md).cells
+                     if c.cell_type == "markdown")
+    found = re.search(r"^#\s+(\S.*)$", text, re.M)
+    return found[1].strip() if found else md.stem
 
 
 def exercises_text() -> str:

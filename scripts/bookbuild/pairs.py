@@ -124,11 +124,11 @@ def check_width() -> None:
 
 
 def edited_since_commit(path: Path) -> bool:
-    """Whether git sees edits to `path` not yet committed (False outside a
-    git checkout)."""
+    """Whether `path` may hold edits not yet committed: git sees some, or
+    git cannot tell (not a checkout), so that a sync keeps both."""
     done = subprocess.run(["git", "diff", "--quiet", "HEAD", "--",
                            path.name], cwd=path.parent, capture_output=True)
-    return done.returncode == 1
+    return done.returncode != 0
 
 
 def sync() -> None:

@@ -365,3 +365,14 @@ def test_the_lock_holds_every_declared_package_within_its_range():
              if (version := locked.get(canonicalize_name(r.name))) is None
              or not r.specifier.contains(version, prereleases=True)]
     assert not wrong, "the lock (requirements.txt) against pyproject.toml: " + "; ".join(wrong)
+
+
+def test_git_trusts_the_checkout_in_every_container_job(workflows):
+    """Jobs run as root in a container on a checkout owned by the runner's user: without
+    safe.directory, every git call of the build and the tests (ls-files, diff) fails."""
+    for name, flow in workflows.items():
+        if any("container" in job for job in flow["jobs"].values()):
+            env = flow.get("env", {})
+            keys = {env.get(f"GIT_CONFIG_KEY_{i}"): env.get(f"GIT_CONFIG_VALUE_{i}")
+                    for i in range(int(env.get("GIT_CONFIG_COUNT", 0)))}
+            assert keys.get("safe.directory") == "*", name
