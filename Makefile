@@ -16,7 +16,7 @@ export PYTHONHASHSEED := 0
 export TOKENIZERS_PARALLELISM := false
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test env sync check-sync execute check-numbers numbers ledger html tables clean lab serve
+.PHONY: book test slow-test env sync check-sync execute check-numbers numbers ledger html tables clean lab serve
 
 ## book: install if needed, check the pairs, execute the stale notebooks (every one with FRESH=1)
 ## into the cache, render the site from it, check every number
@@ -24,11 +24,16 @@ book: env
 	$(BIN)/python scripts/book.py build$(if $(filter 1 true yes,$(FRESH)), --fresh)
 
 ## test: install if needed, lint scripts/ and tests/, run the tests of the helpers and the build
-## (tests/helpers, tests/build); no notebook of the book runs there as it does in `make book`
-## (the site's tests: `make site-test`)
+## (tests/helpers, tests/build) but those marked slow; no notebook of the book runs there as it
+## does in `make book` (the site's tests: `make site-test`)
 test: env
 	$(BIN)/ruff check scripts tests
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal tests/helpers tests/build
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" tests/helpers tests/build
+
+## slow-test: the tests marked slow (Parts 2 and 5 executed on simulated machines, every model
+## type of transformers priced and built on the meta device); CI runs them after `make test`
+slow-test: env
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m slow tests/helpers tests/build
 
 ## env: create .venv with the locked packages and the book's helpers (only when missing or the lock changed)
 env: $(STAMP)
