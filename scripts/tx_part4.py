@@ -605,8 +605,8 @@ def table1_terms(n: int, d: int, k: int = 3, r: int = 16) -> dict[str, int]:
 
 # registered with the command line's `tables`, which prints it; here
 # the cell after the next prints it
-@tx.cli_table("Part 1 · Table 1, column 1: multiply-adds of one layer "
-              "(d = 512, k = 3, r = 16)")
+@tx.cli_table("Part 1 · Table 1, column 1: its terms for one layer, in "
+              "multiply-adds (d = 512, k = 3, r = 16)")
 def cost_table(ns: Iterable[int] = (10, 27, 100, 512, 2048, 8192),
                d: int = 512, k: int = 3, r: int = 16) -> pd.DataFrame:
     """Table 1's terms for several lengths n; the work a window really
