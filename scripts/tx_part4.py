@@ -1629,10 +1629,11 @@ def chain_gradient(keep: float, steps: int) -> float:
     tx.check_positive(steps=steps)
     # inputs x_0 … x_steps
     x = torch.zeros(steps + 1, dtype=torch.float64, requires_grad=True)
-    # h_t = keep · h_(t-1) + x_t, in order
-    h = tx.scan_loop(torch.full_like(x, keep), x)
+    h = torch.zeros((), dtype=torch.float64)   # the memory before x_0
+    for x_t in x:
+        h = keep * h + x_t          # keep a share, add the new input
     # how the last memory moves with each input …
-    (grad,) = torch.autograd.grad(h[-1], x)
+    (grad,) = torch.autograd.grad(h, x)
     return grad[0].item()      # … with the first one, `steps` steps back
 
 
@@ -1643,7 +1644,7 @@ def survival_table(keep: float = 0.98,
                    ) -> pd.DataFrame:
     """keep ** steps against the gradient of a real chain of that many
     steps."""
-    rows = {s: {"keep ** steps": tx.weight_left(keep, s),
+    rows = {s: {"keep ** steps": keep ** s,
                 "autograd": chain_gradient(keep, s)} for s in steps}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "steps"
