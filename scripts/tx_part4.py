@@ -4167,7 +4167,7 @@ def costs_table(costs: dict[str, dict],
         runs = lambda n: limit is None or n <= limit  # noqa: E731
         row = {"KiB a token, all layers": c["kv_bytes_per_token"] / tx.KIB,
                "state MiB, all layers": c["state_bytes"] / tx.MIB,
-               "position limit": "none" if limit is None else limit}
+               "position table": "none" if limit is None else limit}
         for n, b in c["cache_bytes"].items():
             row[f"GiB at {n:,}"] = b / tx.GIB if runs(n) else "cannot run"
         row["weights (billions)"] = c["weights"] / 1e9

@@ -377,7 +377,7 @@ def test_learned_positions_bound_every_length(capsys):
     costs = tx.model_costs(gpt2, tx.meta_weights(gpt2), tx.Accelerator())
     assert costs["max_tokens"] == {24: 1024, 80: 1024}
     row = tx.costs_table({"gpt2": costs}).loc["gpt2"]
-    assert row["position limit"] == 1024 and row["tokens in 24 GiB"] == 1024
+    assert row["position table"] == 1024 and row["tokens in 24 GiB"] == 1024
     for column in ("GiB at 8,192", "GiB at 131,072", "ms a token at 8,192", "pairs overtake at"):
         assert row[column] == "cannot run", column
     tx.main(["model", str(tx.CONFIG_DIR / "gpt2.json")])
