@@ -263,7 +263,13 @@ def test_make_pdf_with_a_stale_notebook_says_what_to_run(monkeypatch, tmp_path, 
         encoding="utf-8")
     monkeypatch.setattr(common, "notebook_sources", lambda: [changed])
     monkeypatch.setattr(pdf, "render", lambda: pytest.fail("rendered from a stale cache"))
-    assert book.main(["pdf"]) == 1
+    try:
+        assert book.main(["pdf"]) == 1
+    finally:  # leave the book's cache as it was: no stray notebook in its project
+        from jupyter_cache import get_cache
+        cache = get_cache(str(common.CACHE))
+        if any(r.uri == str(changed) for r in cache.list_project_records()):
+            cache.remove_nb_from_project(str(changed))
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and source.name in err and "run `make book`" in err, err
 
