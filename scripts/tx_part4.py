@@ -4046,7 +4046,9 @@ def position_limit(config: dict) -> int | None:
 
 def count_model_pairs(config: dict, n: int) -> float:
     """Multiply-adds on pairs of positions in one causal pass over n
-    tokens, every attention layer (other kinds compare no pairs)."""
+    tokens: the attention and latent layers. (State-space and linear
+    layers compare no pairs; model_costs counts no crossing for a model
+    with any other kind, such as chunked or cross-attention.)"""
     total = 0.0
     for i, (kind, window) in enumerate(layer_kinds(config)):
         if kind not in ("attention", "latent"):
@@ -4151,7 +4153,12 @@ def model_costs(config: dict, weights: tuple[int, int],
                              + cache(decode_at))
     costs["decode_seconds"] = (costs["decode_bytes"]
                                / accelerator.bytes_per_second)
-    costs["crossing_tokens"] = crossing_tokens(config, per_token)
+    # kinds with pairs but no rule here (chunked, cross): no crossing
+    unknown = sorted({kind for kind, _ in layer_kinds(config)}
+                     - {"attention", "latent", "mamba", "linear_attention"})
+    costs["crossing_tokens"] = (
+        "not counted: " + ", ".join(unknown) if unknown
+        else crossing_tokens(config, per_token))
     costs["layers"] = layers
     return costs
 
@@ -4181,8 +4188,8 @@ def costs_table(costs: dict[str, dict],
             else "cannot run")
         cross = c["crossing_tokens"]
         row["pairs overtake at"] = (
-            "never" if cross is None
-            else cross if runs(cross) else "cannot run")
+            "never" if cross is None else cross
+            if isinstance(cross, str) or runs(cross) else "cannot run")
         rows[name] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "model"

@@ -556,3 +556,19 @@ def test_cli_says_measured_only_and_why(tmp_path, capsys):
     tx.main(["model", path])
     out = capsys.readouterr().out
     assert "formula: measured only (no rule for this kind of layer)" in out and "formula: exact" in out
+
+
+def test_a_model_with_chunked_layers_gets_no_crossing():
+    """Llama 4's chunked layers compare pairs, but no rule counts them: the
+    crossing says so, and is not a number that leaves those layers out."""
+    config = tx.read_config({"model_type": "llama4_text", "num_hidden_layers": 4,
+                             "hidden_size": 64, "intermediate_size": 128,
+                             "intermediate_size_mlp": 128, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+                             "num_local_experts": 2, "attention_chunk_size": 8})
+    kinds = {kind for kind, _ in tx.layer_kinds(config)}
+    assert "chunked_attention" in kinds, kinds
+    costs = tx.model_costs(config, tx.meta_weights(config), layers=tx.price_layers(config))
+    assert costs["crossing_tokens"] == "not counted: chunked_attention", costs["crossing_tokens"]
+    table = tx.costs_table({"llama4": costs})
+    assert table.loc["llama4", "pairs overtake at"] == "not counted: chunked_attention"
