@@ -3781,7 +3781,8 @@ def cache_bytes(config: dict, tokens: int, bytes_per_number: int = 2,
 
 def layers_to_build(config: dict) -> int:
     """The fewest first layers that hold every kind of layer of the config
-    in its own order, and its first mixture-of-experts layer."""
+    in its own order, and, where a config keeps its first layers dense
+    (first_k_dense_replace), its first mixture-of-experts layer."""
     kinds = layer_groups(config)          # a kind with its own fields
     needed = max(kinds.index(kind) for kind in set(kinds)) + 1
     dense = config.get("first_k_dense_replace")   # DeepSeek: dense first
