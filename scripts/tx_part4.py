@@ -3731,9 +3731,10 @@ def every_head_its_own(config: dict) -> dict:
     """The config with a key and a value for every query head, read again
     through transformers' class."""
     heads = config["num_attention_heads"]
-    # both fields: a saved config may carry the count multi_query implied
-    return read_config({**config, "multi_query": False,
-                        "num_key_value_heads": heads})
+    counts = {"num_key_value_heads": heads}
+    if "num_kv_heads" in config:          # Falcon's own count field
+        counts["num_kv_heads"] = heads
+    return read_config({**config, "multi_query": False, **counts})
 
 
 #: Bytes of each number of a Mamba layer's recurrent state: float32 in

@@ -445,6 +445,16 @@ def test_multi_query_keeps_one_head():
     assert shapes[0][1][0][1] == 1                           # one key-value head in the real cache
 
 
+def test_every_head_its_own_sets_falcons_own_count_too():
+    """Falcon keeps its own count in num_kv_heads; a config with every head its own must not keep
+    the grouped count there, or a model built from it would still group its heads."""
+    config = tx.read_config(dict(model_type="falcon", num_hidden_layers=2, hidden_size=64,
+                                 num_attention_heads=8, new_decoder_architecture=True,
+                                 num_kv_heads=2, vocab_size=64))
+    own = tx.every_head_its_own(config)
+    assert own["num_kv_heads"] == own["num_key_value_heads"] == 8
+
+
 #: Three configs, each written two ways: as its own config.json has it, and with the fields
 #: that transformers derives from others written out, as a config saved by another release
 #: may carry them (5.25 derives Falcon's num_key_value_heads from multi_query; GPT-2's
