@@ -2640,12 +2640,12 @@ def ridge_batch(model=tx.ExampleModel(),
         return (decode_step_flops(b, context, model)
                 / decode_step_bytes(b, context, model))
 
-    # 2W + A − R·C of the derivation: what each conversation adds
+    # 2W + nA − R·nC of the derivation: what each conversation adds
     gain = (decode_step_flops(1, context, model)
             - ratio * kv_cache_bytes(context, model))
     if gain <= 0:
         return None
-    # B = R·W_b / (2W + A − R·C), then step past any rounding
+    # B = R·W_b / (2W + nA − R·nC), then step past any rounding
     batch = max(1, math.ceil(ratio * model.weight_bytes / gain))
     while batch > 1 and intensity(batch - 1) >= ratio:
         batch -= 1
