@@ -4063,8 +4063,9 @@ def count_model_pairs(config: dict, n: int) -> float:
             # a score against latent + rotary key, a mix of the latent
             key = layer["kv_lora_rank"] + layer["qk_rope_head_dim"]
             value = layer["kv_lora_rank"]
-        else:                             # a key and a value of head_dim
-            key = value = head_size(layer)
+        else:                             # a key, and a value (v_head_dim)
+            key = head_size(layer)
+            value = layer.get("v_head_dim") or key
         # a score and a mix, for every query head
         total += pairs * layer["num_attention_heads"] * (key + value)
     return total
