@@ -3354,8 +3354,8 @@ def attention_layer_formula(config, n: int, batch: int = 1,
     transformers config: Part 6's kv_cache_bytes for one layer."""
     tx.check_positive(n=n, batch=batch, element_size=element_size)
     heads, width = config.num_attention_heads, config.hidden_size
-    # the config's own head size where it sets one (Gemma 2's is not
-    # width ÷ heads), else width ÷ heads
+    # the config's own head size where it sets one, else width ÷ heads
+    # (ExampleModel refuses heads × head size ≠ width, as in Gemma 2)
     head_size = getattr(config, "head_dim", None) or width // heads
     one_layer = tx.ExampleModel(
         layers=1, width=width, heads=heads, head_size=head_size,
