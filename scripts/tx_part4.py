@@ -1802,7 +1802,7 @@ def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
     gradient_by_distance does. The network runs through lstm_steps, its
     recurrence written out (the same h_n as the fused module, and the same
     gradients: the page and the tests check both; jacrev through the
-    fused module was several times slower on the CPUs tried).
+    fused module was slower on the CPUs tried).
     cell_path_only detaches h_(t-1) where it enters the gates: only the
     path along the cell is left.
     """
