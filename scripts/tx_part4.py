@@ -3804,7 +3804,7 @@ def first_layers(config: dict, layers: int) -> dict:
 def meta_model(config: dict, layers: int | None = None,
                bytes_per_number: int = 2):
     """The real transformers model of a config on PyTorch's meta device:
-    real shapes and types, no data, so it costs no memory."""
+    real shapes and types, no data, so its weights take no memory."""
     from transformers import AutoModelForCausalLM
 
     if bytes_per_number not in tx.DTYPES:
