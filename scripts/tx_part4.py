@@ -2692,94 +2692,6 @@ def ridge_table(model=tx.ExampleModel(),
     return table.astype({c: "Int64" for c in counts})
 
 
-def prefill_flops(n: int, model=tx.ExampleModel()) -> float:
-    """FLOPs of reading an n-token prompt in one pass (2 a multiply-add)."""
-    tx.check_positive(n=n)
-    weights = model.parameters * n       # every token meets every weight
-    # causal pairs n²/2, a score and a mix, in every layer
-    pairs = model.layers * tx.count_pairs(n, model)
-    return 2 * (weights + pairs)
-
-
-def prefill_ridge_tokens(model=tx.ExampleModel(),
-                         accelerator=ExampleAccelerator()) -> int:
-    """The shortest prompt whose one pass reaches the ridge point,
-    counting the bytes of the weights (read once) and of the cache it
-    writes; attention's own bytes left out (a tiled kernel)."""
-    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
-
-    def reaches(n):
-        read = model.weight_bytes + kv_cache_bytes(n, model)
-        return prefill_flops(n, model) >= ratio * read
-
-    n = 1
-    while not reaches(n):      # intensity grows with n: double, then halve
-        n *= 2
-    low, high = n // 2, n      # reaches(high); not reaches(low), unless 0
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if reaches(middle) else (middle, high)
-    return high if low == 0 or not reaches(low) else low
-
-
-def prefill_seconds(n: int, model=tx.ExampleModel(),
-                    accelerator=ExampleAccelerator()) -> float:
-    """Least time to read an n-token prompt at the full FLOP rate: past
-    prefill_ridge_tokens, and with a tiled attention kernel."""
-    return prefill_flops(n, model) / accelerator.flops_per_second
-
-
-def answer_seconds(prompt: int, answer: int,
-                   model=tx.ExampleModel(),
-                   accelerator=ExampleAccelerator()) -> float:
-    """Least time to write `answer` tokens after a prompt: one decode
-    step each, on a growing cache, at full bandwidth."""
-    tx.check_positive(prompt=prompt, answer=answer)
-    # the i-th new token reads the prompt and the i tokens before it
-    return sum(decode_seconds(prompt + i, model, accelerator)
-               for i in range(answer))
-
-
-def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
-    """Bytes attention_core moves for one head of n tokens, width d, when
-    each of its four operations reads its inputs from main memory and
-    writes its result back."""
-    tx.check_positive(n=n, d=d, bytes_per_number=bytes_per_number)
-    grid = n * n * bytes_per_number          # the n × n grid
-    rows = n * d * bytes_per_number          # Q, K, V or the output
-    return ((2 * rows + grid)     # S = Q Kᵀ: read Q and K, write S
-            + 2 * grid            # S / √d: read S, write it back
-            + 2 * grid            # softmax: read S, write the weights P
-            + (grid + rows + rows))   # P V: read P and V, write the output
-
-
-def kv_table(model=tx.ExampleModel(),
-             accelerator=ExampleAccelerator(),
-             tokens=(2048, 8192, 32768, 131072),
-             window: int = 1024) -> pd.DataFrame:
-    """For each context length: cache, a window's cache, the
-    conversations that fit beside the weights, and the decode time of one
-    conversation alone (NA where not even one fits)."""
-    rows = {}
-    for n in tokens:
-        fit = conversations_that_fit(n, model, accelerator)
-        alone = decode_seconds(n, model, accelerator) if fit else None
-        rows[n] = {
-            "cache MiB": kv_cache_bytes(n, model) / tx.MIB,
-            f"window {window:,} MiB":
-                kv_cache_bytes(n, model, window) / tx.MIB,
-            "conversations": fit,
-            "ms a token, one conversation alone":
-                None if alone is None else 1e3 * alone,
-            "tokens a second, one conversation alone":
-                None if alone is None else 1 / alone,
-        }
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "context"
-    timed = [c for c in table.columns if c.endswith("conversation alone")]
-    return table.astype({c: "Float64" for c in timed})
-
-
 def score_grid_bytes(rows: int, columns: int | None = None,
                      bytes_per_number: int = 2) -> int:
     """Bytes of a grid of attention scores of one head."""
@@ -2835,6 +2747,19 @@ def tiled_attention_bytes(n: int, d: int, tile: int = 128,
     return rows + rows + blocks * 2 * rows       # Q in, O out, K and V
 
 
+
+def naive_attention_bytes(n: int, d: int, bytes_per_number: int = 2) -> int:
+    """Bytes attention_core moves for one head of n tokens, width d, when
+    each of its four operations reads its inputs from main memory and
+    writes its result back."""
+    tx.check_positive(n=n, d=d, bytes_per_number=bytes_per_number)
+    grid = n * n * bytes_per_number          # the n × n grid
+    rows = n * d * bytes_per_number          # Q, K, V or the output
+    return ((2 * rows + grid)     # S = Q Kᵀ: read Q and K, write S
+            + 2 * grid            # S / √d: read S, write it back
+            + 2 * grid            # softmax: read S, write the weights P
+            + (grid + rows + rows))   # P V: read P and V, write the output
+
 def count_bytes_moved(fn, *args) -> int:
     """Bytes fn(*args) would move if every operation read its inputs from
     main memory and wrote its result back (nothing fused)."""
@@ -2855,6 +2780,81 @@ def count_bytes_moved(fn, *args) -> int:
     with torch.no_grad(), Counter() as counter:
         fn(*args)
     return counter.moved
+
+
+def prefill_flops(n: int, model=tx.ExampleModel()) -> float:
+    """FLOPs of reading an n-token prompt in one pass (2 a multiply-add)."""
+    tx.check_positive(n=n)
+    weights = model.parameters * n       # every token meets every weight
+    # causal pairs n²/2, a score and a mix, in every layer
+    pairs = model.layers * tx.count_pairs(n, model)
+    return 2 * (weights + pairs)
+
+
+def prefill_ridge_tokens(model=tx.ExampleModel(),
+                         accelerator=ExampleAccelerator()) -> int:
+    """The shortest prompt whose one pass reaches the ridge point,
+    counting the bytes of the weights (read once) and of the cache it
+    writes; attention's own bytes left out (a tiled kernel)."""
+    ratio = accelerator.flops_per_second / accelerator.bytes_per_second
+
+    def reaches(n):
+        read = model.weight_bytes + kv_cache_bytes(n, model)
+        return prefill_flops(n, model) >= ratio * read
+
+    n = 1
+    while not reaches(n):      # intensity grows with n: double, then halve
+        n *= 2
+    low, high = n // 2, n      # reaches(high); not reaches(low), unless 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches(middle) else (middle, high)
+    return high if low == 0 or not reaches(low) else low
+
+
+def prefill_seconds(n: int, model=tx.ExampleModel(),
+                    accelerator=ExampleAccelerator()) -> float:
+    """Least time to read an n-token prompt at the full FLOP rate: past
+    prefill_ridge_tokens, and with a tiled attention kernel."""
+    return prefill_flops(n, model) / accelerator.flops_per_second
+
+
+def answer_seconds(prompt: int, answer: int,
+                   model=tx.ExampleModel(),
+                   accelerator=ExampleAccelerator()) -> float:
+    """Least time to write `answer` tokens after a prompt: one decode
+    step each, on a growing cache, at full bandwidth."""
+    tx.check_positive(prompt=prompt, answer=answer)
+    # the i-th new token reads the prompt and the i tokens before it
+    return sum(decode_seconds(prompt + i, model, accelerator)
+               for i in range(answer))
+
+
+def kv_table(model=tx.ExampleModel(),
+             accelerator=ExampleAccelerator(),
+             tokens=(2048, 8192, 32768, 131072),
+             window: int = 1024) -> pd.DataFrame:
+    """For each context length: cache, a window's cache, the
+    conversations that fit beside the weights, and the decode time of one
+    conversation alone (NA where not even one fits)."""
+    rows = {}
+    for n in tokens:
+        fit = conversations_that_fit(n, model, accelerator)
+        alone = decode_seconds(n, model, accelerator) if fit else None
+        rows[n] = {
+            "cache MiB": kv_cache_bytes(n, model) / tx.MIB,
+            f"window {window:,} MiB":
+                kv_cache_bytes(n, model, window) / tx.MIB,
+            "conversations": fit,
+            "ms a token, one conversation alone":
+                None if alone is None else 1e3 * alone,
+            "tokens a second, one conversation alone":
+                None if alone is None else 1 / alone,
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "context"
+    timed = [c for c in table.columns if c.endswith("conversation alone")]
+    return table.astype({c: "Float64" for c in timed})
 
 # ── end of the cells saved from notebooks/06_kv_cache.md ──
 
@@ -3284,6 +3284,7 @@ def selective_inputs(n: int, channels: int = 16,
     tx.check_positive(n=n, channels=channels)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(channels, n, generator=g, dtype=torch.float64)
+    # softplus: a smooth ReLU, always positive, so Δ > 0
     delta = F.softplus(x - 1.0)    # each token's step: large Δ forgets fast
     return torch.exp(-delta), delta * x
 
