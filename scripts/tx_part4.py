@@ -1708,7 +1708,6 @@ def gradient_by_distance(n: int = 50, d: int = 64,
     table.insert(0, "input i", range(1, n + 1))
     return table.sort_index()
 
-
 @tx.cli_table("Part 4 · |d out_50 / d x_i| against distance (random "
               "weights, d = 64, n = 50), mean of 20")
 def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
@@ -1717,7 +1716,6 @@ def gradient_table(n: int = 50, d: int = 64, seeds: int = 20,
     """A few rows of gradient_by_distance, the rows the companion
     article prints."""
     return gradient_by_distance(n, d, seeds).loc[list(rows)]
-
 
 def orders_of_magnitude(values: Iterable[float]) -> float:
     """log10 of the largest value over the smallest: how many powers of
@@ -1775,7 +1773,6 @@ def seeded_lstm(d: int, seed: int,
             lstm.bias_hh_l0[d:2 * d] = 0.0
     return lstm
 
-
 def lstm_inputs(n: int, d: int, seed: int) -> torch.Tensor:
     """The (n, d) inputs of network `seed`, standard normal, drawn from
     seed 10,000 + seed."""
@@ -1787,7 +1784,6 @@ def lstm_column(bias: float | None, cell_path_only: bool = False) -> str:
     """The column name of one forget-gate setting."""
     name = "PyTorch default" if bias is None else f"forget bias {bias:g}"
     return f"{name}, cell path only" if cell_path_only else name
-
 
 def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
                      forget_biases: Iterable[float | None] = (None, 1.0,
@@ -1823,7 +1819,6 @@ def lstm_by_distance(n: int = 50, d: int = 64, seeds: int = 3,
     table.index = pd.Index(range(n - 1, -1, -1), name="distance")
     return table.sort_index()
 
-
 def lstm_forget_gates(n: int = 50, d: int = 64, seeds: int = 3,
                       forget_biases: Iterable[float | None] = (None, 1.0,
                                                                3.0)
@@ -1841,7 +1836,6 @@ def lstm_forget_gates(n: int = 50, d: int = 64, seeds: int = 3,
                 gates.append(lstm_steps(lstm, x)[1].mean().item())
         means[lstm_column(bias)] = sum(gates) / seeds
     return pd.Series(means, name="mean forget gate")
-
 
 def rnn_at_torch_init(n: int = 50, d: int = 64,
                       seeds: int = 3) -> pd.Series:
