@@ -37,9 +37,10 @@ KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
               "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false",
               "PYDEVD_DISABLE_FILE_VALIDATION": "1",
               "IPYTHONDIR": str(BUILD / "ipython")}
-#: the kernel's own log (never a cell's output) at ERROR: ipykernel 7
-#: warns at every start that its local TCP transport is not encrypted
-KERNEL_CONFIG = {"IPKernelApp": {"log_level": "ERROR"}}
+#: the kernel's log at ERROR (ipykernel 7 warns that TCP is unencrypted);
+#: prints sent at a cell's end, not cut every 0.2 s (myst-nb adds breaks)
+KERNEL_CONFIG = {"IPKernelApp": {"log_level": "ERROR", "exec_lines": [
+    "import sys; sys.stdout.flush_interval = 600"]}}
 #: `run`'s child process: jupyter-cache's executor, a process a core
 POOL = """import json, logging, sys
 from jupyter_cache import executors, get_cache
@@ -217,9 +218,8 @@ def glued_values(only: list[str] | None = None
                  ) -> dict[str, dict[str, Glued]]:
     """The glued values of every executed notebook (or those named)."""
     cache, pages = open_cache(read_only=True), {}
-    for path in common.notebook_sources():
-        if only and path.stem not in only:
-            continue
+    for path in (p for p in common.notebook_sources()
+                 if not only or p.stem in only):
         record = cache.get_cached_project_nb(str(path))
         if record is None:
             fail(f"notebooks/{path.name} has no up-to-date executed copy "

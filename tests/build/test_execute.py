@@ -202,6 +202,18 @@ def test_a_notebook_runs_in_an_empty_folder_offline(run_alone, tmp_path,
     assert "PYTHONHASHSEED" not in os.environ   # set while they ran only
 
 
+def test_a_cells_printed_text_arrives_whole(run_alone, tmp_path):
+    """A print cut by a pause (ipykernel sends text every 0.2 s unless
+    told otherwise) still arrives as one piece, so myst-nb, which joins
+    pieces by lines, shows no line break the cell never printed."""
+    md = notebook(tmp_path / "09_page.md",
+                  code="import time\nfor i in range(3):\n"
+                       "    print('a', end='')\n    time.sleep(0.3)\n"
+                       "    print(' b', i)")
+    outputs = run_alone(md).cells[-1].outputs
+    assert [o.text for o in outputs] == ["a b 0\na b 1\na b 2\n"]
+
+
 def test_a_notebook_that_needs_a_file_beside_it_fails_alone(run_alone,
                                                            tmp_path):
     md = notebook(tmp_path / "09_page.md", code="open('numbers.toml')")
