@@ -781,14 +781,16 @@ class ExampleModel:
 
     @property
     def weights_per_layer(self) -> int:
-        """12 width² a layer."""
+        """12 width² a layer, W_K and W_V full size whatever kv_heads
+        (Part 6 subtracts what fewer key-value heads save)."""
         attention = 4 * self.width ** 2      # W_Q, W_K, W_V, W_O
         feed_forward = 8 * self.width ** 2   # width → 4 width → width
         return attention + feed_forward
 
     @property
     def parameters(self) -> int:
-        """Every weight of the model."""
+        """Every weight of the model, counted as weights_per_layer counts
+        them."""
         # the attention and feed-forward matrices
         blocks = self.layers * self.weights_per_layer
         # one table, tied with the output layer

@@ -1,9 +1,7 @@
 """Stage 2: the stale notebooks run through jupyter-cache's temp-parallel
-executor (a process a core, each notebook in an empty folder) into the
-cache myst-nb renders from. jupyter-cache keys a notebook by its code
-cells; all else its outputs depend on is in one stamp beside the cache
-(STAMP_*): when one changes, the message names it and every page runs
-again (every page imports the module and the pins)."""
+executor (a process a core, each in an empty folder) into the cache myst-nb
+renders from, keyed by code cells; all else outputs depend on is one stamp
+(STAMP_*): when it changes, the message names what and every page reruns."""
 
 import ast
 import copy
@@ -38,9 +36,9 @@ KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline",
               "PYDEVD_DISABLE_FILE_VALIDATION": "1",
               "IPYTHONDIR": str(BUILD / "ipython")}
 #: the kernel's log at ERROR (ipykernel 7 warns that TCP is unencrypted);
-#: prints sent at a cell's end, not cut every 0.2 s (myst-nb adds breaks)
+#: prints sent at a cell's end, not cut every 0.2 s (README says why)
 KERNEL_CONFIG = {"IPKernelApp": {"log_level": "ERROR", "exec_lines": [
-    "import sys; sys.stdout.flush_interval = 600"]}}
+    "__import__('sys').stdout.flush_interval = 600"]}}
 #: `run`'s child process: jupyter-cache's executor, a process a core
 POOL = """import json, logging, sys
 from jupyter_cache import executors, get_cache
@@ -121,8 +119,10 @@ def run(cache, uris: list[str] | None = None,
     profile.mkdir(parents=True, exist_ok=True)
     (profile / "ipython_kernel_config.json").write_text(
         json.dumps(KERNEL_CONFIG), encoding="utf-8")
-    todo = [str(u) for u in uris or [
-        r.uri for r in cache.list_project_records()]]
+    todo = [str(u) for u in ([r.uri for r in cache.list_project_records()]
+                             if uris is None else uris)]
+    if not todo:                # nothing stale: no executor to start
+        return
     subprocess.run([sys.executable, "-c", POOL, json.dumps(
         [str(cache.path), todo, TIMEOUT])], check=True, env={
             **os.environ, **KERNEL_ENV, **(env or {})})

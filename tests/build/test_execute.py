@@ -158,6 +158,15 @@ def test_fresh_with_named_pages_runs_only_those_again(book, monkeypatch):
     assert execute.stale(execute.open_cache(), [book, other]) == []
 
 
+def test_named_pages_with_nothing_stale_run_nothing(book):
+    """`make execute PAGES=...` where those pages are cached starts no
+    executor, and so runs no other page (an empty list is not "all")."""
+    other = notebook(book.with_name("10_other.md"), code="y = 1")
+    cache_executed(book)
+    execute.execute(["09_page"])
+    assert execute.stale(execute.open_cache(), [book, other]) == [other]
+
+
 def test_the_message_names_a_few_changed_inputs_then_counts():
     old = {"a.py": "1", "b.py": "1", "torch": "2", "numpy": "1"}
     new = {"a.py": "2", "b.py": "2", "torch": "3", "X": "1"}
