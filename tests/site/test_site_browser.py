@@ -489,8 +489,10 @@ def test_search_finds_pages(browser, site):
 
     browser.get(f"{site.url}/search.html?q=attention")
     results = "#search-results ul.search li a"
-    WebDriverWait(browser, SEARCH_TIMEOUT).until(
-        lambda d: d.execute_script("return document.querySelectorAll(arguments[0]).length", results))
+    # Sphinx lists results one by one and writes its summary ("Search finished, ...") last
+    WebDriverWait(browser, SEARCH_TIMEOUT).until(lambda d: d.execute_script(
+        "const p = document.querySelector('#search-results p.search-summary');"
+        "return p !== null && p.innerText.trim().length > 0"))
     hrefs = attributes(browser, results, "href")
     missing = [h for h in hrefs if not (site.html / h.split("#")[0].split("?")[0]).is_file()]
     assert not missing, f"search results name pages the site lacks: {missing}"
