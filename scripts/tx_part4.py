@@ -4056,10 +4056,10 @@ def count_model_pairs(config: dict, n: int) -> float:
         w = window or n
         # causal pairs, or a band of w
         pairs = n * n / 2 if n <= w else n * w - w * w / 2
-        if kind == "latent":              # MLA on its cached latent:
-            # a score against latent + rotary key, a mix of the latent
-            key = layer["kv_lora_rank"] + layer["qk_rope_head_dim"]
-            value = layer["kv_lora_rank"]
+        if kind == "latent":              # MLA, keys and values expanded:
+            # a whole pass's form (decoding works on the latent instead)
+            key = layer["qk_nope_head_dim"] + layer["qk_rope_head_dim"]
+            value = layer["v_head_dim"]
         else:                             # a key, and a value (v_head_dim)
             key = head_size(layer)
             value = layer.get("v_head_dim") or key

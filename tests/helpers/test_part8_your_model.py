@@ -341,17 +341,18 @@ def test_kv_subcommand_still_works(capsys):
 
 # ── the forms the page prices: MLA on its latent, decode without the input embedding ────────
 
-def test_latent_pairs_counted_on_the_latent_like_the_cache():
-    """A latent layer's pairs use the absorbed form that works on the cached latent: a score over
-    kv_lora_rank + qk_rope_head_dim numbers and a mix over kv_lora_rank, for every head."""
+def test_latent_pairs_counted_in_the_expanded_form_of_a_whole_pass():
+    """A latent layer's pairs over a whole pass use the expanded form a prompt read whole is
+    computed in: a score over qk_nope_head_dim + qk_rope_head_dim numbers and a mix over
+    v_head_dim, for every head (decoding's absorbed form is priced apart, on the page)."""
     config = tx.read_config(BUILT["mla"])
     n, heads, layers = 10, 4, 3
-    per_head = (16 + 8) + 16                                     # score on latent + rope, mix on latent
+    per_head = (8 + 8) + 8                                       # score on nope + rope, mix on v
     assert tx.count_model_pairs(config, n) == n * n / 2 * heads * per_head * layers
     deepseek = tx.shipped_configs()["deepseek-v2-lite"]
     w = 2_000_000_000
-    absorbed = 27 * 16 * (576 + 512)
-    assert tx.crossing_tokens(deepseek, w) == -(-2 * w // absorbed)
+    expanded = 27 * 16 * (192 + 128)
+    assert tx.crossing_tokens(deepseek, w) == -(-2 * w // expanded)
 
 
 def test_decode_reads_the_weights_a_token_uses_not_the_input_embedding():
