@@ -2078,8 +2078,9 @@ def time_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
     masked version's two products alone (ms, after a warm-up).
 
     tx.time_call waits for a GPU before it reads the clock. statistic:
-    the median of the runs or their lower quartile ("q1"), which the runs
-    that other programs interrupt do not move. Also each version's rate
+    the median of the runs or their lower quartile ("q1"), which runs
+    that other programs interrupt move less than the median, unless most
+    of the runs are interrupted. Also each version's rate
     (counted product FLOPs ÷ time) and the share of its FLOP saving over
     the mask that it keeps as time. Each time takes at least min_runs
     runs, and more until min_time seconds have passed, up to
