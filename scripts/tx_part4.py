@@ -2079,8 +2079,8 @@ def time_table(ns=(256, 1024, 4096), d: int = 64, r: int = 17,
 
     tx.time_call waits for a GPU before it reads the clock. statistic:
     the median of the runs or their lower quartile ("q1"), which runs
-    that other programs interrupt move less than the median, unless most
-    of the runs are interrupted. Also each version's rate
+    that other programs interrupt move less than the median, unless about
+    three quarters of the runs are interrupted. Also each version's rate
     (counted product FLOPs ÷ time) and the share of its FLOP saving over
     the mask that it keeps as time. Each time takes at least min_runs
     runs, and more until min_time seconds have passed, up to
@@ -2397,7 +2397,8 @@ def sharing_table(model=tx.ExampleModel(),
     (kv_heads = heads: no sharing), and the longest conversation."""
     rows = {}
     for kv in kv_heads:
-        shared = replace(model, kv_heads=kv)   # only the cache changes
+        # fewer kv heads: a smaller cache (the weights they free: an aside)
+        shared = replace(model, kv_heads=kv)
         row = {"KiB a token": kv_bytes_per_token(shared) / tx.KIB}
         for n in lengths:
             row[f"MiB at {n:,}"] = kv_cache_bytes(n, shared) / tx.MIB
