@@ -4189,7 +4189,7 @@ def costs_table(costs: dict[str, dict],
             1e3 * c["decode_seconds"] if runs(c["decode_at"])
             else "cannot run")
         cross = c["crossing_tokens"]
-        row["pairs overtake at"] = (
+        row["pairs overtake at (whole pass)"] = (
             "never" if cross is None else cross
             if isinstance(cross, str) or runs(cross) else "cannot run")
         rows[name] = row

@@ -13,8 +13,8 @@ from bookbuild.execute import Glued, glued_values
 #: the two pages' titles and introductions ({claims} filled in)
 LEDGER_INTRO = Path(__file__).with_name("ledger_intro.md")
 EXERCISES_INTRO = Path(__file__).with_name("exercises_intro.md")
-COLUMNS = ("key", "meaning", "kind", "tolerance", "published",
-           "this build", "ratio / threshold", "status")
+COLUMNS = ("key", "meaning", "kind", "tolerance (this build vs expected)",
+           "published", "this build", "ratio / threshold", "status")
 ALIGN = "left", "left", "left", "right", "right", "right", "right", "left"
 EXERCISE = re.compile(r"^```\{exercise\}[ \t]*(?P<title>.*?)[ \t]*\n"
                       r":label:\s*(?P<label>\S+)\n(?P<body>.*?)^```$",

@@ -379,7 +379,7 @@ def test_learned_positions_bound_every_length(capsys):
     assert costs["max_tokens"] == {24: 1024, 80: 1024}
     row = tx.costs_table({"gpt2": costs}).loc["gpt2"]
     assert row["position table"] == 1024 and row["tokens in 24 GiB"] == 1024
-    for column in ("GiB at 8,192", "GiB at 131,072", "ms a token at 8,192", "pairs overtake at"):
+    for column in ("GiB at 8,192", "GiB at 131,072", "ms a token at 8,192", "pairs overtake at (whole pass)"):
         assert row[column] == "cannot run", column
     tx.main(["model", str(tx.CONFIG_DIR / "gpt2.json")])
     out = capsys.readouterr().out
@@ -582,4 +582,4 @@ def test_a_model_with_chunked_layers_gets_no_crossing():
     costs = tx.model_costs(config, tx.meta_weights(config), layers=tx.price_layers(config))
     assert costs["crossing_tokens"] == "not counted: chunked_attention", costs["crossing_tokens"]
     table = tx.costs_table({"llama4": costs})
-    assert table.loc["llama4", "pairs overtake at"] == "not counted: chunked_attention"
+    assert table.loc["llama4", "pairs overtake at (whole pass)"] == "not counted: chunked_attention"
