@@ -2350,15 +2350,15 @@ def kv_bytes_per_token(model=tx.ExampleModel()) -> int:
 
 
 def kv_cache_bytes(tokens: int, model=tx.ExampleModel(),
-                   window: int | None = None) -> int:
-    """Bytes of the cache after `tokens` tokens; a window keeps only its
-    last `window` tokens."""
+                   kept: int | None = None) -> int:
+    """Bytes of the cache after `tokens` tokens; with a window, only the
+    last `kept` tokens stay (w − 1 between steps, w alive during one)."""
     tx.check_nonnegative(tokens=tokens)
-    if window is not None:
-        tx.check_positive(window=window)
+    if kept is not None:
+        tx.check_positive(kept=kept)
     # a window forgets the older tokens
-    kept = tokens if window is None else min(tokens, window)
-    return kept * kv_bytes_per_token(model)
+    held = tokens if kept is None else min(tokens, kept)
+    return held * kv_bytes_per_token(model)
 
 
 def cache_memory(model=tx.ExampleModel(),

@@ -256,7 +256,7 @@ def test_cache_table_says_none_for_no_window():
 
 @pytest.mark.parametrize("call,argument", [
     (lambda: tx.kv_cache_bytes(-1), "tokens"),
-    (lambda: tx.kv_cache_bytes(5, window=0), "window"),
+    (lambda: tx.kv_cache_bytes(5, kept=0), "kept"),
     (lambda: tx.decode_seconds(1.5), "context"),
     (lambda: tx.prefill_flops(0), "n"),
     (lambda: tx.answer_seconds(10, 0), "answer"),

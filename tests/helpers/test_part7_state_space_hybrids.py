@@ -314,7 +314,7 @@ def test_memory_table_rows_are_the_formulas():
     (lambda: tx.decode_attention_flops(-1), "n"),
     (lambda: tx.scan_associative(torch.ones(2, 3), torch.ones(3)), "a and b"),
     (lambda: tx.scan_loop([1.0], [1.0]), "a and b"),
-    (lambda: tx.kv_cache_bytes(10, window=0), "window"),
+    (lambda: tx.kv_cache_bytes(10, kept=0), "kept"),
     (lambda: tx.state_memory(layers=0), "layers"),
     (lambda: tx.hybrid_memory(10, attention_layers=25), "attention_layers"),
     (lambda: tx.hybrid_memory(10, attention_layers=0), "attention_layers"),
