@@ -3765,11 +3765,12 @@ def cache_bytes(config: dict, tokens: int, bytes_per_number: int = 2,
     total = 0
     for i, group in enumerate(layer_groups(config)):
         kind, window, _ = group
-        kept = tokens if window is None else min(tokens, window - 1)
         if measured and group in measured:
             per_token, fixed = measured[group]
-            total += kept * per_token + fixed         # measured only
+            # the measured line grows without end: no window assumed
+            total += tokens * per_token + fixed
             continue
+        kept = tokens if window is None else min(tokens, window - 1)
         layer = layer_config(config, i)   # with its own fields
         if token_bytes(layer, kind) is None:
             raise ValueError(f"layer kind {kind!r} has no formula: pass "
