@@ -307,10 +307,6 @@ def show_table(name: str, table: pd.DataFrame, kind: str | None = None,
 #: in the kernel that runs a page.
 MACHINE_ENV = "WHY_SELF_ATTENTION_MACHINE"
 
-#: The size of torch's intra-op thread pool as torch found it, before
-#: `setup` pins one thread.
-THREADS_AT_IMPORT = torch.get_num_threads()
-
 
 def largest_cache_bytes() -> int | None:
     """The size of this CPU's largest cache in bytes, as the operating
@@ -354,8 +350,8 @@ def machine() -> dict:
     Every sentence about the hardware takes its words from these (and every
     page prints them, through `setup`).
 
-    cpu: the processor's name; cores: logical cores the OS reports; threads:
-    torch's thread pool before `setup`; largest_cache_bytes: the largest CPU
+    cpu: the processor's name; cores: logical cores the OS reports;
+    largest_cache_bytes: the largest CPU
     cache (None if unknown); blas: the matrix library torch calls; kernels:
     the instruction set of torch's CPU kernels. The variable named by
     MACHINE_ENV replaces any of them (tests simulate other machines).
@@ -366,7 +362,6 @@ def machine() -> dict:
 
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     facts = {"cpu": cpu_name(), "cores": os.cpu_count() or 1,
-             "threads": THREADS_AT_IMPORT,
              "largest_cache_bytes": largest_cache_bytes(),
              "blas": blas[1] if blas else "unknown",
              "kernels": torch.backends.cpu.get_cpu_capability()}
@@ -420,10 +415,6 @@ def machine_text(facts: dict | None = None) -> str:
     cache = facts["largest_cache_bytes"]
     cache = "unknown" if cache is None else f"{cache / 2**20:,.0f} MiB"
     return wrap_items([facts["cpu"], f"{facts['cores']} cores",
-                       # torch's own choice for this process, before
-                       # setup() pins the page's count
-                       f"torch's default: {facts['threads']} thread"
-                       + ("s" if facts["threads"] != 1 else ""),
                        f"largest cache {cache}", f"BLAS {facts['blas']}",
                        f"kernels {facts['kernels']}"], "machine: ")
 
