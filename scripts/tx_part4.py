@@ -4462,9 +4462,9 @@ def models_text(priced: dict[str, dict],
             window = (f", window {layer['window']:,}" if layer["window"]
                       else "")
             lines += wrapped(
-                f"{layer['layers']} {layer['kind']} layer(s){window}: "
-                f"{layer['bytes_per_token']:,} B a token, "
-                f"{layer['state_bytes']:,} B fixed each", "  ")
+                f"{layer['layers']} {layer['kind']} layer(s){window}, "
+                f"each: {layer['bytes_per_token']:,} B a token, "
+                f"{layer['state_bytes']:,} B fixed", "  ")
             own = ", ".join(f"{k} {v}" for k, v in layer["own"].items())
             if own:
                 lines += wrapped(f"their own fields: {own}", "    ")
