@@ -2283,7 +2283,7 @@ def cache_trace(model: tx.ExampleModel, steps: int = 24,
                          "measured bytes": held,
                          "formula bytes": tx.kv_cache_bytes(t + 1, model,
                                                             kept),
-                         "pinned bytes": tx.cache_pinned_bytes(cache)})
+                         "bytes held": tx.cache_held_bytes(cache)})
     table = pd.DataFrame(rows).set_index("tokens seen")
     table["equal"] = table["measured bytes"] == table["formula bytes"]
     return table
@@ -2437,7 +2437,7 @@ def cached_tokens(cache) -> int:
     return cache.layers[0].keys.shape[2]
 
 
-def cache_pinned_bytes(cache) -> int:
+def cache_held_bytes(cache) -> int:
     """Bytes of memory an attention cache's keys and values keep alive:
     each tensor's whole storage, counted once. A slice of a tensor is a
     view that keeps all of the tensor it was cut from (CPU or GPU; on
@@ -2502,7 +2502,7 @@ def cache_check(model: tx.ExampleModel, lengths=(5, 17, 40),
                      "tokens": n, "kept": cached_tokens(cache),
                      "measured bytes": held,
                      "formula bytes": kv_cache_bytes(n, model, kept),
-                     "pinned bytes": cache_pinned_bytes(cache)})
+                     "bytes held": cache_held_bytes(cache)})
     table = pd.DataFrame(rows)
     table["equal"] = table["measured bytes"] == table["formula bytes"]
     return table
