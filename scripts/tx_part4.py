@@ -2784,7 +2784,7 @@ def prefill_ridge_tokens(model=tx.ExampleModel(),
                          accelerator=ExampleAccelerator()) -> int:
     """The shortest prompt whose one pass reaches the ridge point,
     counting the bytes of the weights (read once) and of the cache it
-    writes; attention's own bytes left out (a tiled kernel)."""
+    writes; a tiled attention kernel's own reads and writes left out."""
     ratio = accelerator.flops_per_second / accelerator.bytes_per_second
 
     def reaches(n):

@@ -1,6 +1,5 @@
 """Stage 3: every glued value against numbers.toml (`check_numbers`), and
-`make numbers`, which writes the build's values there and shows the
-diff."""
+`make numbers`, which writes the build's values there and shows the diff."""
 
 import difflib
 import itertools
@@ -17,10 +16,9 @@ from bookbuild.execute import Glued, glued_values
 KINDS = module_constant("KINDS")  # exact close seeded measured recorded
 #: relative tolerance where numbers.toml gives none
 DEFAULT_TOL = {"close": 1e-9, "seeded": 1e-6}
-#: The releases the build runs on: unset for the pins; "newest" in the
-#: weekly workflow; "lowest" or "colab" in `make compat`. Off the pins, a
-#: key naming the torch or transformers release (RELEASE_KEY) must be a
-#: version, not the pin.
+#: The releases the build runs on: unset for the pins; "newest" weekly;
+#: "lowest" or "colab" in `make compat`. Off the pins, a key naming the
+#: torch or transformers release (RELEASE_KEY) must be a version.
 RELEASES = "WHY_SELF_ATTENTION_RELEASES"
 RELEASE_KEY = re.compile(r"(^|_)(transformers|torch)_version$")
 FIELDS = ("kind", "value", "values", "threshold", "tol", "published",
@@ -98,8 +96,7 @@ def claim_margin(glued: Glued | None) -> str:
     """A claim's ratio / threshold = margin, as the tables show it."""
     if glued is None or glued.margin is None:
         return ""
-    return (f"{glued.ratio:.3g} / {glued.threshold:.3g} = "
-            f"{glued.margin:.2f}")
+    return f"{glued.ratio:.3g} / {glued.threshold:.3g} = {glued.margin:.2f}"
 
 
 def compare_one(page: str, key: str, entry: dict, value,
@@ -121,6 +118,9 @@ def compare_one(page: str, key: str, entry: dict, value,
         return None
     if kind in ("measured", "recorded"):
         allowed = entry.get("values")
+        if glued is not None and glued.values and (
+                sorted(glued.values) != sorted(allowed or [])):
+            return problem("the phrases it may take differ from `values`")
         if allowed is not None:
             return (None if value in allowed
                     else problem(f"a phrase must be one of {allowed}"))

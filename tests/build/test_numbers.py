@@ -176,6 +176,19 @@ def test_a_phrase_must_be_one_of_its_words():
     assert "one of" in problems[0].reason
 
 
+def test_a_phrase_whose_words_changed_in_the_notebook_fails():
+    """The words a phrase may take are compared whole, not only the one this
+    build glued: a branch reworded in the notebook fails on every machine,
+    not only on the one whose clock takes that branch."""
+    expected = {"p": {"k": {"kind": "measured", "value": "slower than",
+                            "values": ["slower than", "faster than"]}}}
+    same = Glued("slower than", "measured", values=["faster than", "slower than"])
+    assert compare(expected, {"p": {"k": same}}) == []
+    reworded = Glued("slower than", "measured", values=["slower than", "quicker than"])
+    (problem,) = compare(expected, {"p": {"k": reworded}})
+    assert "differ from `values`" in problem.reason
+
+
 def test_a_measured_string_without_values_fails():
     expected = {"p": {"k": {"kind": "measured", "value": "fast"}}}
     assert [p.key for p in compare(expected, {"p": {"k": Glued("fast")}})] == ["k"]
