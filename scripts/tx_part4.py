@@ -351,9 +351,9 @@ def machine() -> dict:
     page prints them, through `setup`).
 
     cpu: the processor's name; cores: logical cores the OS reports;
-    largest_cache_bytes: the largest CPU
-    cache (None if unknown); blas: the matrix library torch calls; kernels:
-    the instruction set of torch's CPU kernels. The variable named by
+    largest_cache_bytes: the largest CPU cache (None if unknown); blas: the
+    matrix library torch calls; kernels: the instruction set of torch's CPU
+    kernels. The variable named by
     MACHINE_ENV replaces any of them (tests simulate other machines).
     """
     import json
