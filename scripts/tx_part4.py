@@ -519,7 +519,7 @@ def mixes_positions(module: torch.nn.Module, args: tuple, kwargs: dict,
     changed = x.clone()
     if x.is_floating_point():
         changed[:, position] += 1.0     # another vector at `position`
-    else:                               # another token id at `position`
+    else:          # another token id at `position`; % 100 keeps it valid
         changed[:, position] = (x[:, position] + 1) % 100
     with torch.no_grad():
         before = first_output(module(*args, **kwargs))
@@ -1849,7 +1849,7 @@ def rnn_at_torch_init(n: int = 50, d: int = 64,
     return pd.Series(total.flip(0).numpy(), name="tanh RNN, PyTorch init")
 
 
-def encoder_gradients(model, tokenizer, text: str, probes: int = 32,
+def encoder_gradients(model, tokenizer, text: str, probes: int = 16,
                       seed: int = 0) -> pd.DataFrame:
     """|d out_last / d x_i| in the real encoder, for every word-piece i.
 
