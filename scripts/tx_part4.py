@@ -2343,7 +2343,7 @@ def kv_bytes_per_token(model=tx.ExampleModel()) -> int:
 def kv_cache_bytes(tokens: int, model=tx.ExampleModel(),
                    kept: int | None = None) -> int:
     """Bytes of the cache after `tokens` tokens; with a window, only the
-    last `kept` tokens stay (w − 1 between steps, w alive during one)."""
+    last `kept` tokens stay (w − 1 read, w alive after each step)."""
     tx.check_nonnegative(tokens=tokens)
     if kept is not None:
         tx.check_positive(kept=kept)
