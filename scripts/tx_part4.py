@@ -3191,29 +3191,29 @@ def attention_recall(keys: torch.Tensor, values: torch.Tensor,
     return weights @ values
 
 
-def recall_table(pairs=(1, 4, 16, 64, 256), state: int = 16,
+def recall_table(pairs=(1, 4, 16, 64, 256), key_size: int = 16,
                  width: int = 64, seed: int = 0,
                  sharpness: float = 100.0) -> pd.DataFrame:
     """Pairs recalled within 1 % by a state written as the walk writes
     it, by the best state of that size (least squares) and by attention
     (scores scaled by `sharpness`), with the numbers each keeps. Keys are
-    at right angles while they fit (pairs ≤ state), random unit vectors
-    after that."""
-    tx.check_positive(state=state, width=width)
+    at right angles while they fit (pairs ≤ key_size), random unit vectors
+    after that. The state holds key_size × width numbers."""
+    tx.check_positive(key_size=key_size, width=width)
     g = torch.Generator().manual_seed(seed)
     f64, rows = {"dtype": torch.float64, "generator": g}, {}
     for m in pairs:
         tx.check_positive(pairs=m)
-        keys = torch.randn(m, state, **f64)
+        keys = torch.randn(m, key_size, **f64)
         values = torch.randn(m, width, **f64)
-        if m <= state:
+        if m <= key_size:
             keys = torch.linalg.qr(keys.T).Q.T     # at right angles
         keys = F.normalize(keys, dim=-1)
         best = keys @ (torch.linalg.pinv(keys) @ values)   # least squares
         reads = {"state": state_recall(keys, values), "best state": best,
                  "attention": attention_recall(keys, values, sharpness)}
-        rows[m] = {"state numbers": width * state,
-                   "cache numbers": m * (state + width)}
+        rows[m] = {"state numbers": width * key_size,
+                   "cache numbers": m * (key_size + width)}
         for who, read in reads.items():
             error = (read - values).norm(dim=-1) / values.norm(dim=-1)
             rows[m][f"{who} recalls"] = int((error < 0.01).sum())

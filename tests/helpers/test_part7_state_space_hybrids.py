@@ -289,7 +289,7 @@ def test_no_state_of_n_columns_recalls_more_than_n_values():
 
 
 def test_recall_table_counts():
-    table = tx.recall_table(pairs=(2, 8, 32), state=8, width=16, seed=1)
+    table = tx.recall_table(pairs=(2, 8, 32), key_size=8, width=16, seed=1)
     assert list(table["state recalls"][:2]) == [2, 8] == list(table["best state recalls"][:2])
     assert table.loc[32, "best state recalls"] < 32
     assert list(table["attention recalls"]) == [2, 8, 32]
@@ -326,7 +326,7 @@ def test_memory_table_rows_are_the_formulas():
     (lambda: tx.prompt_cache(None, 0), "n"),
     (lambda: tx.attention_layer_formula(None, 0), "n"),
     (lambda: tx.mamba_layer_formula(None, batch=0), "batch"),
-    (lambda: tx.recall_table(state=0), "state"),
+    (lambda: tx.recall_table(key_size=0), "key_size"),
     (lambda: tx.recall_table(pairs=(4, 0)), "pairs"),
     (lambda: tx.mamba_mixer_weights(0), "width"),
 ])
