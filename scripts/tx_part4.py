@@ -2393,7 +2393,8 @@ def sharing_table(model=tx.ExampleModel(),
         row = {"KiB a token": kv_bytes_per_token(shared) / tx.KIB}
         for n in lengths:
             row[f"MiB at {n:,}"] = kv_cache_bytes(n, shared) / tx.MIB
-        longest = kv_cache_bytes(max(lengths), shared, window)
+        # a window: the w − 1 tokens the next step reads (Part 5)
+        longest = kv_cache_bytes(max(lengths), shared, window - 1)
         row[f"MiB, window {window:,}"] = longest / tx.MIB
         row["max tokens"] = max_context(shared, accelerator)
         rows[kv] = row
@@ -2832,8 +2833,9 @@ def kv_table(model=tx.ExampleModel(),
         alone = decode_seconds(n, model, accelerator) if fit else None
         rows[n] = {
             "cache MiB": kv_cache_bytes(n, model) / tx.MIB,
+            # a window: the w − 1 tokens the next step reads
             f"window {window:,} MiB":
-                kv_cache_bytes(n, model, window) / tx.MIB,
+                kv_cache_bytes(n, model, window - 1) / tx.MIB,
             "conversations": fit,
             "ms a token, one conversation alone":
                 None if alone is None else 1e3 * alone,
