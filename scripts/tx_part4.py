@@ -3233,7 +3233,8 @@ def memory_table(n: int = 32_768,
     layers = f"{attention_layers} of {model.layers}"
     rows = {
         "attention over everything": tx.kv_cache_bytes(n, model),
-        f"window of {window:,}": tx.kv_cache_bytes(n, model, window),
+        # a window: the w − 1 tokens the next step reads (Part 5)
+        f"window of {window:,}": tx.kv_cache_bytes(n, model, window - 1),
         "running summary": state_memory(model),
         f"hybrid, attention in {layers}": hybrid_memory(
             n, model, attention_layers),

@@ -300,7 +300,8 @@ def test_recall_table_counts():
 def test_memory_table_rows_are_the_formulas():
     model = tx.ExampleModel()
     table = tx.memory_table(4096, model, window=256, attention_layers=2)
-    assert list(table["bytes"]) == [tx.kv_cache_bytes(4096, model), tx.kv_cache_bytes(4096, model, 256),
+    # a window of 256 keeps the 255 tokens the next step reads
+    assert list(table["bytes"]) == [tx.kv_cache_bytes(4096, model), tx.kv_cache_bytes(4096, model, 255),
                                     tx.state_memory(model), tx.hybrid_memory(4096, model, 2)]
 
 
