@@ -1453,8 +1453,9 @@ def conv_stack_gradient(n: int, layers: int, dilated: bool = False,
               "|d out_27 / d x_1|")
 def conv_stack_table(n: int = 27, k: int = 3,
                      seed: int = 0) -> pd.DataFrame:
-    """The gradient one layer short of the depth the link tables predict,
-    and at that depth.
+    """The gradient one layer short of the depth the formulas predict
+    (contiguous_layers, dilated_layers; the link tables agree), and at
+    that depth.
 
     Rows are named by role ("contiguous short", "contiguous enough", …),
     so that their keys do not change when n or k does; the column `layers`
