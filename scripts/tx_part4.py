@@ -2813,12 +2813,13 @@ def prefill_seconds(n: int, model=tx.ExampleModel(),
 def answer_seconds(prompt: int, answer: int,
                    model=tx.ExampleModel(),
                    accelerator=ExampleAccelerator()) -> float:
-    """Least time to write `answer` tokens after a prompt: one decode
-    step each, on a growing cache, at full bandwidth."""
+    """Least time to write `answer` tokens after a prompt's pass, which
+    gives the first: one decode step for each of the others, on a
+    growing cache, at full bandwidth."""
     tx.check_positive(prompt=prompt, answer=answer)
-    # the i-th new token reads the prompt and the i tokens before it
+    # token i (the first is 0) reads the prompt and the i tokens before it
     return sum(decode_seconds(prompt + i, model, accelerator)
-               for i in range(answer))
+               for i in range(1, answer))
 
 
 def kv_table(model=tx.ExampleModel(),

@@ -123,11 +123,13 @@ def test_conversations_by_counting():
 
 
 def test_answer_time_is_sum_of_steps_and_closed_form():
-    """Sum of an arithmetic series: answer × (weights + cache at the mean context) / bandwidth."""
+    """Sum of an arithmetic series: the prompt's pass gives the first token, so answer − 1 steps ×
+    (weights + cache at the mean context prompt + answer / 2) / bandwidth."""
     model, accel = tx.ExampleModel(), tx.ExampleAccelerator()
     for prompt, answer in ((1, 1), (100, 7), (8192, 256)):
-        mean_context = prompt + (answer - 1) / 2
-        closed = answer * (model.weight_bytes + mean_context * tx.kv_bytes_per_token(model)) / accel.bytes_per_second
+        mean_context = prompt + answer / 2
+        steps = answer - 1
+        closed = steps * (model.weight_bytes + mean_context * tx.kv_bytes_per_token(model)) / accel.bytes_per_second
         assert tx.answer_seconds(prompt, answer, model, accel) == pytest.approx(closed, rel=1e-12)
 
 
