@@ -3187,22 +3187,23 @@ def state_recall(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return keys @ state.T                         # S q, with q = each key
 
 
-def attention_recall(keys: torch.Tensor, values: torch.Tensor,
-                     sharpness: float = 100.0) -> torch.Tensor:
+def attention_recall(keys: torch.Tensor,
+                     values: torch.Tensor) -> torch.Tensor:
     """Keep every key and value (a cache); read every value back by its
-    key with softmax attention, scores scaled by `sharpness`."""
-    weights = torch.softmax(sharpness * keys @ keys.T, dim=-1)
-    return weights @ values
+    key with Part 1's scaled dot-product attention."""
+    # q · k / √d_k, with each query one of the stored keys
+    scores = keys @ keys.T / math.sqrt(keys.shape[-1])
+    return torch.softmax(scores, dim=-1) @ values
 
 
 def recall_table(pairs=(1, 4, 16, 64, 256), key_size: int = 16,
-                 width: int = 64, seed: int = 0,
-                 sharpness: float = 100.0) -> pd.DataFrame:
+                 width: int = 64, seed: int = 0) -> pd.DataFrame:
     """Pairs recalled within 1 % by a state written as the walk writes
     it, by the best state of that size (least squares) and by attention
-    (scores scaled by `sharpness`), with the numbers each keeps. Keys are
-    at right angles while they fit (pairs ≤ key_size), random unit vectors
-    after that. The state holds key_size × width numbers."""
+    at Part 1's scaling, with the numbers each keeps. Keys are at right
+    angles while they fit (pairs ≤ key_size), random after that: of
+    length 1 for the state, √key_size for attention. The state holds
+    key_size × width numbers."""
     tx.check_positive(key_size=key_size, width=width)
     g = torch.Generator().manual_seed(seed)
     f64, rows = {"dtype": torch.float64, "generator": g}, {}
@@ -3212,10 +3213,12 @@ def recall_table(pairs=(1, 4, 16, 64, 256), key_size: int = 16,
         values = torch.randn(m, width, **f64)
         if m <= key_size:
             keys = torch.linalg.qr(keys.T).Q.T     # at right angles
-        keys = F.normalize(keys, dim=-1)
+        keys = F.normalize(keys, dim=-1)           # length 1
         best = keys @ (torch.linalg.pinv(keys) @ values)   # least squares
+        # attention's keys: the same directions, of length √key_size
+        long_keys = keys * math.sqrt(key_size)
         reads = {"state": state_recall(keys, values), "best state": best,
-                 "attention": attention_recall(keys, values, sharpness)}
+                 "attention": attention_recall(long_keys, values)}
         rows[m] = {"state numbers": width * key_size,
                    "cache numbers": m * (key_size + width)}
         for who, read in reads.items():

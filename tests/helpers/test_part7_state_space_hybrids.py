@@ -274,8 +274,17 @@ def test_state_recall_exact_for_orthonormal_keys_and_attention_for_distinct_keys
     keys = torch.linalg.qr(torch.randn(16, 16, generator=g, dtype=torch.float64)).Q.T[:10]
     values = torch.randn(10, 5, generator=g, dtype=torch.float64)
     assert torch.allclose(tx.state_recall(keys, values), values, atol=1e-12)
-    one_hot = torch.eye(4, dtype=torch.float64)
-    assert torch.allclose(tx.attention_recall(one_hot, values[:4]), values[:4], atol=1e-12)
+    # keys at right angles, long enough that q·k/√d_k puts all the weight on each query's own
+    long_one_hot = 40 * torch.eye(4, dtype=torch.float64)
+    assert torch.allclose(tx.attention_recall(long_one_hot, values[:4]), values[:4], atol=1e-12)
+
+
+def test_attention_recall_is_scaled_dot_product_attention():
+    g = torch.Generator().manual_seed(4)
+    keys = torch.randn(6, 8, generator=g, dtype=torch.float64)
+    values = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    want = torch.nn.functional.scaled_dot_product_attention(keys, keys, values)
+    assert torch.allclose(tx.attention_recall(keys, values), want, atol=1e-12)
 
 
 def test_no_state_of_n_columns_recalls_more_than_n_values():
@@ -292,7 +301,10 @@ def test_recall_table_counts():
     table = tx.recall_table(pairs=(2, 8, 32), key_size=8, width=16, seed=1)
     assert list(table["state recalls"][:2]) == [2, 8] == list(table["best state recalls"][:2])
     assert table.loc[32, "best state recalls"] < 32
-    assert list(table["attention recalls"]) == [2, 8, 32]
+    # Part 1's scaling with keys of 8 numbers: too soft to return more than one pair within 1 %
+    assert table.loc[8, "attention recalls"] < 8
+    wide = tx.recall_table(pairs=(16, 64), key_size=128, width=16, seed=1)
+    assert list(wide["attention recalls"]) == [16, 64]
     assert list(table["cache numbers"]) == [m * (8 + 16) for m in (2, 8, 32)]
     assert set(table["state numbers"]) == {8 * 16}
 
