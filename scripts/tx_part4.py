@@ -3198,15 +3198,15 @@ def attention_recall(keys: torch.Tensor,
 
 def recall_table(pairs=(1, 4, 16, 64, 256), key_size: int = 16,
                  width: int = 64, seed: int = 0,
-                 key_length: float = 1.0) -> pd.DataFrame:
+                 key_norm: float = 1.0) -> pd.DataFrame:
     """Pairs recalled within 1 % by a state written as the walk writes
     it, by the best state of that size (least squares) and by attention
     at Part 1's scaling, with the numbers each keeps. Keys are at right
     angles while they fit (pairs ≤ key_size), random after that: of
-    length 1 for the state, key_length × √key_size for attention. The
+    norm 1 for the state, key_norm × √key_size for attention. The
     state holds key_size × width numbers."""
     tx.check_positive(key_size=key_size, width=width)
-    tx.check_positive_number(key_length=key_length)
+    tx.check_positive_number(key_norm=key_norm)
     g = torch.Generator().manual_seed(seed)
     f64, rows = {"dtype": torch.float64, "generator": g}, {}
     for m in pairs:
@@ -3217,8 +3217,8 @@ def recall_table(pairs=(1, 4, 16, 64, 256), key_size: int = 16,
             keys = torch.linalg.qr(keys.T).Q.T     # at right angles
         keys = F.normalize(keys, dim=-1)           # length 1
         best = keys @ (torch.linalg.pinv(keys) @ values)   # least squares
-        # attention's keys: the same directions, key_length × √key_size
-        long_keys = keys * key_length * math.sqrt(key_size)
+        # attention's keys: the same directions, norm key_norm × √key_size
+        long_keys = keys * key_norm * math.sqrt(key_size)
         reads = {"state": state_recall(keys, values), "best state": best,
                  "attention": attention_recall(long_keys, values)}
         rows[m] = {"state numbers": width * key_size,
